@@ -1,0 +1,21 @@
+# Helpers shared by the per-area CMakeLists.txt files.
+
+# Marks sources that use AVX2/FMA/F16C intrinsics. They are only entered after a runtime
+# CPU check (see src/core/cpu.h), so the rest of the binary runs on any x86-64.
+function(turbokv_avx2_sources)
+  if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
+    set_source_files_properties(${ARGN} PROPERTIES COMPILE_OPTIONS "-mavx2;-mfma;-mf16c")
+  endif()
+endfunction()
+
+# turbokv_test(NAME name SOURCES a.cc b.cc DEPS lib1 lib2)
+# One GoogleTest executable; every TEST becomes a ctest entry. Tests find the repo through
+# TURBOKV_SOURCE_DIR and the optional ../shared through TURBOKV_SHARED_DIR (may not exist).
+function(turbokv_test)
+  cmake_parse_arguments(T "" "NAME" "SOURCES;DEPS" ${ARGN})
+  add_executable(${T_NAME} ${T_SOURCES})
+  target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main)
+  target_compile_definitions(${T_NAME} PRIVATE TURBOKV_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
+                             TURBOKV_SHARED_DIR="${CMAKE_SOURCE_DIR}/../shared")
+  gtest_discover_tests(${T_NAME} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 600)
+endfunction()

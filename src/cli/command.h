@@ -1,0 +1,45 @@
+// Subcommand registry of the `turbokv` binary. Each subcommand lives in its own cmd_*.cc,
+// registers itself with TURBOKV_COMMAND, parses its own flags with CLI11 and returns an exit
+// code. main() maps exceptions: InvalidArgument -> exit 2, other turbokv errors -> exit 1.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "turbokv/kv_options.h"
+
+namespace turbokv::cli {
+
+using CommandFn = int (*)(int argc, char** argv);
+
+struct CommandRegistrar {
+  CommandRegistrar(const char* name, const char* summary, CommandFn fn);
+};
+
+#define TURBOKV_COMMAND(name, summary, fn) \
+  static ::turbokv::cli::CommandRegistrar turbokv_command_registrar_##fn(name, summary, fn)
+
+// Parses argv with app. Returns -1 when the command should go on, else the exit code to
+// return (0 after --help, 2 for a usage error, with the message on stderr).
+int parse(CLI::App& app, int argc, char** argv);
+
+// The model every command uses when --model is not given (the repo's shipped model).
+std::string default_model_dir();
+
+// Flags shared by generate, chat, server, perplexity and codec: --kv-bits, --kv-quant-scheme,
+// --kv-key-bits, --kv-value-bits, --kv-group-size, --quantized-kv-start, --kv-seed.
+struct KVFlags {
+  std::string kv_bits, kv_key_bits, kv_value_bits;
+  std::string kv_quant_scheme = "uniform";
+  int kv_group_size = 64;
+  int64_t quantized_kv_start = 0;
+  uint64_t kv_seed = 0;
+  bool no_norm_correction = false;
+  bool quantize_last_layer = false;
+
+  void add_to(CLI::App& app);
+  // Throws InvalidArgument for a malformed or disallowed value.
+  KVOptions options() const;
+};
+
+}  // namespace turbokv::cli

@@ -1,0 +1,109 @@
+// turbokv: one binary, subcommands registered by the cmd_*.cc files next to this one.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <string>
+
+#include "cli/command.h"
+#include "core/error.h"
+
+namespace turbokv::cli {
+namespace {
+
+struct Entry {
+  std::string summary;
+  CommandFn fn;
+};
+
+std::map<std::string, Entry>& registry() {
+  static std::map<std::string, Entry> commands;
+  return commands;
+}
+
+void print_usage(FILE* out) {
+  std::fprintf(out, "usage: turbokv <command> [options]\n\ncommands:\n");
+  for (const auto& [name, entry] : registry()) {
+    std::fprintf(out, "  %-12s %s\n", name.c_str(), entry.summary.c_str());
+  }
+  std::fprintf(out, "\n'turbokv <command> --help' shows a command's options.\n");
+}
+
+}  // namespace
+
+CommandRegistrar::CommandRegistrar(const char* name, const char* summary, CommandFn fn) {
+  registry()[name] = Entry{summary, fn};
+}
+
+int parse(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "turbokv %s: %s\n", app.get_name().c_str(), e.what());
+    return 2;
+  }
+  return -1;
+}
+
+std::string default_model_dir() { return TURBOKV_DEFAULT_MODEL_DIR; }
+
+void KVFlags::add_to(CLI::App& app) {
+  app.add_option("--kv-bits", kv_bits,
+                 "KV cache bits: TurboQuant multiples of 0.5 in [1,8]; uniform integers 2..8");
+  app.add_option("--kv-quant-scheme", kv_quant_scheme, "uniform (default) or turboquant");
+  app.add_option("--kv-key-bits", kv_key_bits, "override key bits (TurboQuant)");
+  app.add_option("--kv-value-bits", kv_value_bits, "override value bits (TurboQuant)");
+  app.add_option("--kv-group-size", kv_group_size, "uniform scheme group size (32, 64, 128)");
+  app.add_option("--quantized-kv-start", quantized_kv_start,
+                 "keep a layer's cache dense until it holds this many tokens");
+  app.add_option("--kv-seed", kv_seed, "seed of the TurboQuant rotations");
+  app.add_flag("--no-norm-correction", no_norm_correction,
+               "TurboQuant: store the plain norm instead of n/||c||");
+  app.add_flag("--quantize-last-layer", quantize_last_layer,
+               "also quantize the last layer (kept dense by default)");
+}
+
+KVOptions KVFlags::options() const {
+  KVOptions o;
+  if (!kv_bits.empty()) o.kv_bits = parse_kv_bits(kv_bits, "kv_bits");
+  if (!kv_key_bits.empty()) o.kv_key_bits = parse_kv_bits(kv_key_bits, "kv_key_bits");
+  if (!kv_value_bits.empty()) o.kv_value_bits = parse_kv_bits(kv_value_bits, "kv_value_bits");
+  o.kv_quant_scheme = kv_quant_scheme;
+  o.kv_group_size = kv_group_size;
+  o.quantized_kv_start = quantized_kv_start;
+  o.seed = kv_seed;
+  o.norm_correction = !no_norm_correction;
+  o.last_layer_dense = !quantize_last_layer;
+  resolve_kv_options(o);  // validate now: bad values are usage errors
+  return o;
+}
+
+}  // namespace turbokv::cli
+
+int main(int argc, char** argv) {
+  using namespace turbokv;
+  auto& commands = cli::registry();
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    cli::print_usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  auto it = commands.find(argv[1]);
+  if (it == commands.end()) {
+    std::fprintf(stderr, "turbokv: unknown command '%s'\n", argv[1]);
+    cli::print_usage(stderr);
+    return 2;
+  }
+  try {
+    return it->second.fn(argc - 1, argv + 1);
+  } catch (const InvalidArgument& e) {
+    std::fprintf(stderr, "turbokv %s: error: %s\n", argv[1], e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "turbokv %s: error: %s\n", argv[1], e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,53 @@
+// Model interface used by the engine, perplexity and the front ends. Implementations live
+// per architecture family in this folder; Model::load picks one from config.json.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kv/kv_cache.h"
+
+namespace turbokv {
+
+struct ModelInfo {
+  std::string model_type;  // config.json "model_type"
+  int vocab_size = 0;
+  int hidden_size = 0;
+  int num_layers = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int64_t max_position_embeddings = 0;
+  std::vector<int32_t> eos_token_ids;  // config.json and generation_config.json
+  std::optional<int32_t> bos_token_id;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  // Loads config.json and the (possibly sharded) safetensors from dir. Throws IoError,
+  // FormatError (naming the file/tensor) or Unsupported (naming the architecture).
+  static std::unique_ptr<Model> load(const std::string& dir);
+
+  virtual const ModelInfo& info() const = 0;
+  // One entry per layer, for the cache policy.
+  virtual std::vector<LayerSpec> layer_specs() const = 0;
+
+  // One sequence's piece of a batched forward pass. The chunk's tokens are at positions
+  // caches->front()->size() onward and are appended to the caches.
+  struct Chunk {
+    const int32_t* tokens = nullptr;
+    int n_tokens = 0;
+    LayerCaches* caches = nullptr;
+    float* logits = nullptr;  // [n_tokens, vocab] if all_logits else [vocab] (last token)
+    bool all_logits = false;
+  };
+  // Runs every chunk; matmuls see the tokens of all chunks together.
+  virtual void forward(std::span<const Chunk> chunks) const = 0;
+};
+
+}  // namespace turbokv
