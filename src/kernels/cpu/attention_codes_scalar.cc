@@ -9,8 +9,11 @@ namespace attention_detail {
 namespace {
 
 struct CodecDecoder {
-  static void decode(const CodeSegment& seg, const uint8_t* codes, uint16_t norm, float* out) {
-    seg.codec->decode_rotated(codes, norm, out);
+  static void decode_tile(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
+                          const uint16_t* norms, int norm_stride, int n, float* out, int d) {
+    for (int i = 0; i < n; ++i) {
+      seg.codec->decode_rotated(codes + i * code_stride, norms[i * norm_stride], out + i * d);
+    }
   }
 };
 

@@ -6,7 +6,8 @@
 //          tokens [t0, t0 + n) of KV head h as floats [n, d] in the frame the queries are in
 //          (dense: the stored values; TurboQuant: norm * centroids in the rotated frame).
 //          A tile is at most kTileTokens tokens: the only decoded state is that per-tile
-//          scratch, never a copy of the cache.
+//          scratch, never a copy of the cache. tiles.prefetch(h, t0, n) hints the tokens
+//          read kPrefetchTiles tiles ahead.
 //
 // Work is split (STYLE habit 5) into items = (KV head, block of queries, key split). An item
 // runs one pass over its keys for every query row of its KV head's group (GQA: the G query
@@ -27,9 +28,10 @@
 
 namespace turbokv::attention_detail {
 
-constexpr int kTileTokens = 16;        // keys decoded and scored together
-constexpr int kQueryBlock = 16;        // queries per work item (times G rows)
-constexpr int64_t kSplitTokens = 512;  // keys per split when one query block covers all queries
+constexpr int kTileTokens = 16;  // keys decoded and scored together
+constexpr int kQueryBlock = 16;  // queries per work item (times G rows)
+constexpr int64_t kSplitTokens = 512;
+constexpr int kPrefetchTiles = 2;  // keys per split when one query block covers all queries
 
 // Everything an attention call needs besides where K/V come from. q rows are already in the
 // tiles' frame; out receives acc / l in that frame.
@@ -131,6 +133,9 @@ void attend_item(const Tiles& tiles, const AttendProblem& p, int h, int q_begin,
   for (int64_t t0 = k_begin; t0 < k_end; t0 += kTileTokens) {
     const int n = static_cast<int>(std::min<int64_t>(kTileTokens, k_end - t0));
     const int64_t tile_first_pos = p.k_first_pos + t0;
+    const int64_t ahead = t0 + kPrefetchTiles * kTileTokens;
+    if (ahead < k_end)
+      tiles.prefetch(h, ahead, static_cast<int>(std::min<int64_t>(kTileTokens, k_end - ahead)));
     const float* keys = tiles.keys(h, t0, n, key_tile_buffer);
     const float* values = nullptr;
     for (int r = 0; r < rows; ++r) {
@@ -247,6 +252,12 @@ void dispatch_head_dim(int head_dim, Fn&& fn) {
   }
 }
 
+// Hints the cache lines of [p, p + n) into the cache (a read that is coming soon).
+inline void prefetch_bytes(const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  for (size_t i = 0; i < n; i += 64) __builtin_prefetch(c + i, 0, 3);
+}
+
 // Tiles of a dense cache: f32 rows are used in place, f16/bf16 rows converted into scratch.
 template <class Isa>
 struct DenseTiles {
@@ -269,6 +280,12 @@ struct DenseTiles {
   }
   const float* keys(int h, int64_t t0, int n, float* scratch) const {
     return rows(kv.k, h, t0, n, scratch);
+  }
+  void prefetch(int h, int64_t t0, int n) const {
+    const size_t element = kv_dtype_bytes(kv.dtype);
+    const size_t offset = (h * kv.head_stride + t0) * kv.head_dim * element;
+    prefetch_bytes(static_cast<const char*>(kv.k) + offset, n * kv.head_dim * element);
+    prefetch_bytes(static_cast<const char*>(kv.v) + offset, n * kv.head_dim * element);
   }
   const float* values(int h, int64_t t0, int n, float* scratch) const {
     return rows(kv.v, h, t0, n, scratch);
