@@ -12,9 +12,10 @@
 namespace turbokv::attention_detail {
 namespace {
 
-template <int B>
+template <int B, bool kApplyNorm>
 void decode_tile_bits(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
-                      const uint16_t* norms, int norm_stride, int n, float* out, int d) {
+                      const uint16_t* norms, int norm_stride, int n, float* out, int d,
+                      float* norms_out) {
   const __m256i shifts = _mm256_setr_epi32(0, B, 2 * B, 3 * B, 4 * B, 5 * B, 6 * B, 7 * B);
   const __m256i mask = _mm256_set1_epi32((1 << B) - 1);
   const __m256 low_table = _mm256_load_ps(seg.centroids);
@@ -23,7 +24,9 @@ void decode_tile_bits(const CodeSegment& seg, const uint8_t* codes, size_t code_
   for (int i = 0; i < n; ++i) {
     const uint8_t* vector_codes = codes + i * code_stride;
     float* row = out + static_cast<int64_t>(i) * d;
-    const __m256 scale = _mm256_set1_ps(_cvtsh_ss(norms[i * norm_stride]));
+    const float norm = _cvtsh_ss(norms[i * norm_stride]);
+    const __m256 scale = _mm256_set1_ps(norm);
+    if constexpr (!kApplyNorm) norms_out[i] = norm;
     for (int g = 0; g < groups; ++g) {
       uint32_t word;
       std::memcpy(&word, vector_codes + g * B, sizeof(word));  // storage keeps 4 bytes of padding
@@ -34,29 +37,49 @@ void decode_tile_bits(const CodeSegment& seg, const uint8_t* codes, size_t code_
         const __m256 high = _mm256_permutevar8x32_ps(high_table, idx);
         c = _mm256_blendv_ps(c, high, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
       }
-      _mm256_storeu_ps(row + 8 * g, _mm256_mul_ps(c, scale));
+      _mm256_storeu_ps(row + 8 * g, kApplyNorm ? _mm256_mul_ps(c, scale) : c);
     }
   }
 }
 
 struct RegisterDecoder {
   static void decode_tile(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
-                          const uint16_t* norms, int norm_stride, int n, float* out, int d) {
+                          const uint16_t* norms, int norm_stride, int n, float* out, int d,
+                          float* norms_out) {
     if (seg.dim % 8 != 0 || seg.bits > 4) {
+      const uint16_t unit_norm = 0x3C00;  // 1.0 in fp16
       for (int i = 0; i < n; ++i) {
-        seg.codec->decode_rotated(codes + i * code_stride, norms[i * norm_stride], out + i * d);
+        const uint16_t norm = norms[i * norm_stride];
+        if (norms_out != nullptr) norms_out[i] = _cvtsh_ss(norm);
+        seg.codec->decode_rotated(codes + i * code_stride, norms_out != nullptr ? unit_norm : norm,
+                                  out + i * d);
       }
       return;
     }
+    if (norms_out != nullptr) {
+      dispatch_bits<false>(seg, codes, code_stride, norms, norm_stride, n, out, d, norms_out);
+    } else {
+      dispatch_bits<true>(seg, codes, code_stride, norms, norm_stride, n, out, d, norms_out);
+    }
+  }
+
+  template <bool kApplyNorm>
+  static void dispatch_bits(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
+                            const uint16_t* norms, int norm_stride, int n, float* out, int d,
+                            float* norms_out) {
     switch (seg.bits) {
       case 1:
-        return decode_tile_bits<1>(seg, codes, code_stride, norms, norm_stride, n, out, d);
+        return decode_tile_bits<1, kApplyNorm>(seg, codes, code_stride, norms, norm_stride, n, out,
+                                               d, norms_out);
       case 2:
-        return decode_tile_bits<2>(seg, codes, code_stride, norms, norm_stride, n, out, d);
+        return decode_tile_bits<2, kApplyNorm>(seg, codes, code_stride, norms, norm_stride, n, out,
+                                               d, norms_out);
       case 3:
-        return decode_tile_bits<3>(seg, codes, code_stride, norms, norm_stride, n, out, d);
+        return decode_tile_bits<3, kApplyNorm>(seg, codes, code_stride, norms, norm_stride, n, out,
+                                               d, norms_out);
       default:
-        return decode_tile_bits<4>(seg, codes, code_stride, norms, norm_stride, n, out, d);
+        return decode_tile_bits<4, kApplyNorm>(seg, codes, code_stride, norms, norm_stride, n, out,
+                                               d, norms_out);
     }
   }
 };

@@ -61,31 +61,38 @@ inline VectorDecoder make_vector_decoder(const quant::TurboQuantCodec& codec) {
 
 // Decoder: a struct with
 //   static void decode_tile(const CodeSegment&, const uint8_t* codes, size_t code_stride,
-//                           const uint16_t* norms, int norm_stride, int n, float* out, int d)
-// writing, for token i < n, norm_i * centroids[code] of the segment's dim codes to
-// out + i * d (what MseCodec::decode_rotated computes per vector).
+//                           const uint16_t* norms, int norm_stride, int n, float* out, int d,
+//                           float* norms_out)
+// writing, for token i < n, the centroids[code] of the segment's dim codes to out + i * d:
+// times norm_i when norms_out is null (what MseCodec::decode_rotated computes per vector),
+// else unscaled, with norm_i stored to norms_out[i].
 template <class Decoder>
 struct CodeTiles {
   const TurboQuantKVView* kv;
   const VectorDecoder* key_decoders;    // [kv_heads]
   const VectorDecoder* value_decoders;  // [kv_heads]
 
-  const float* decode(const CodedTensorView& tensor, const VectorDecoder& decoder,
-                      int64_t first_row, int n, float* scratch) const {
+  // One-segment codecs hand their norms to the core as the per-token scale; a split codec's
+  // two norms are applied while decoding.
+  TileRows decode(const CodedTensorView& tensor, const VectorDecoder& decoder, int64_t first_row,
+                  int n, float* scratch, float* scale_scratch) const {
     const uint8_t* codes = tensor.codes + first_row * decoder.code_bytes;
     const uint16_t* norms = tensor.norms + first_row * decoder.norms_per_vector;
+    float* norms_out = decoder.n_segments == 1 ? scale_scratch : nullptr;
     for (int s = 0; s < decoder.n_segments; ++s) {
       const CodeSegment& seg = decoder.segments[s];
       Decoder::decode_tile(seg, codes + seg.code_offset, decoder.code_bytes, norms + seg.norm_index,
-                           decoder.norms_per_vector, n, scratch + seg.frame_offset, kv->head_dim);
+                           decoder.norms_per_vector, n, scratch + seg.frame_offset, kv->head_dim,
+                           norms_out);
     }
-    return scratch;
+    return {scratch, norms_out};
   }
-  const float* keys(int h, int64_t t0, int n, float* scratch) const {
-    return decode(kv->keys, key_decoders[h], h * kv->head_stride + t0, n, scratch);
+  TileRows keys(int h, int64_t t0, int n, float* scratch, float* scale_scratch) const {
+    return decode(kv->keys, key_decoders[h], h * kv->head_stride + t0, n, scratch, scale_scratch);
   }
-  const float* values(int h, int64_t t0, int n, float* scratch) const {
-    return decode(kv->values, value_decoders[h], h * kv->head_stride + t0, n, scratch);
+  TileRows values(int h, int64_t t0, int n, float* scratch, float* scale_scratch) const {
+    return decode(kv->values, value_decoders[h], h * kv->head_stride + t0, n, scratch,
+                  scale_scratch);
   }
   void prefetch(int h, int64_t t0, int n) const {
     const int64_t row = h * kv->head_stride + t0;
@@ -115,11 +122,11 @@ struct UniformTiles {
     }
     return scratch;
   }
-  const float* keys(int h, int64_t t0, int n, float* scratch) const {
-    return decode(kv->keys, h, t0, n, scratch);
+  TileRows keys(int h, int64_t t0, int n, float* scratch, float*) const {
+    return {decode(kv->keys, h, t0, n, scratch), nullptr};
   }
-  const float* values(int h, int64_t t0, int n, float* scratch) const {
-    return decode(kv->values, h, t0, n, scratch);
+  TileRows values(int h, int64_t t0, int n, float* scratch, float*) const {
+    return {decode(kv->values, h, t0, n, scratch), nullptr};
   }
   void prefetch(int h, int64_t t0, int n) const {
     const int64_t row = h * kv->head_stride + t0;

@@ -33,6 +33,12 @@ constexpr int kQueryBlock = 16;  // queries per work item (times G rows)
 constexpr int64_t kSplitTokens = 512;
 constexpr int kPrefetchTiles = 2;  // keys per split when one query block covers all queries
 
+// A decoded tile: rows [n, d]; scale [n] multiplies each row, nullptr for none.
+struct TileRows {
+  const float* rows = nullptr;
+  const float* scale = nullptr;
+};
+
 // Everything an attention call needs besides where K/V come from. q rows are already in the
 // tiles' frame; out receives acc / l in that frame.
 struct AttendProblem {
@@ -127,7 +133,10 @@ void attend_item(const Tiles& tiles, const AttendProblem& p, int h, int q_begin,
   std::vector<float> dynamic_scratch(D > 0 ? 0 : 2 * kTileTokens * d);
   float* key_tile_buffer = D > 0 ? key_scratch : dynamic_scratch.data();
   float* value_tile_buffer = D > 0 ? value_scratch : dynamic_scratch.data() + kTileTokens * d;
-  alignas(32) float scores[kTileTokens];
+  alignas(32) float scores[kTileTokens] = {};
+  alignas(32) float weights[kTileTokens] = {};
+  alignas(32) float key_scale_scratch[kTileTokens] = {};  // entries past n stay finite
+  alignas(32) float value_scale_scratch[kTileTokens] = {};
   const float neg_inf = -std::numeric_limits<float>::infinity();
 
   for (int64_t t0 = k_begin; t0 < k_end; t0 += kTileTokens) {
@@ -136,8 +145,8 @@ void attend_item(const Tiles& tiles, const AttendProblem& p, int h, int q_begin,
     const int64_t ahead = t0 + kPrefetchTiles * kTileTokens;
     if (ahead < k_end)
       tiles.prefetch(h, ahead, static_cast<int>(std::min<int64_t>(kTileTokens, k_end - ahead)));
-    const float* keys = tiles.keys(h, t0, n, key_tile_buffer);
-    const float* values = nullptr;
+    const TileRows keys = tiles.keys(h, t0, n, key_tile_buffer, key_scale_scratch);
+    TileRows values;
     for (int r = 0; r < rows; ++r) {
       const int qi = q_begin + r / group;
       const int head = h * group + r % group;
@@ -151,24 +160,35 @@ void attend_item(const Tiles& tiles, const AttendProblem& p, int h, int q_begin,
       }
       if (lo >= hi) continue;
       const float* q = p.q + (static_cast<int64_t>(qi) * p.n_heads + head) * d;
-      Isa::template dot_rows<D>(q, keys, n, d, scores);
-      float tile_max = neg_inf;
-      for (int t = n; t < kTileTokens; ++t) scores[t] = neg_inf;
-      for (int t = 0; t < n; ++t) {
-        float s = scores[t] * p.scale;
-        if (p.logit_softcap > 0) s = p.logit_softcap * std::tanh(s / p.logit_softcap);
-        scores[t] = (t >= lo && t < hi) ? s : neg_inf;
-        tile_max = std::max(tile_max, scores[t]);
+      Isa::template dot_rows<D>(q, keys.rows, n, d, scores);
+      Isa::scale_scores(scores, keys.scale, p.scale);
+      if (p.logit_softcap > 0) {
+        for (int t = 0; t < n; ++t) {
+          scores[t] = p.logit_softcap * std::tanh(scores[t] / p.logit_softcap);
+        }
       }
+      if (lo > 0 || hi < kTileTokens) {
+        for (int t = 0; t < kTileTokens; ++t) {
+          if (t < lo || t >= hi) scores[t] = neg_inf;
+        }
+      }
+      const float tile_max = Isa::max_score(scores);
       const float old_m = state.m[r];
       const float new_m = std::max(old_m, tile_max);
       const float alpha = std::exp(old_m - new_m);             // 0 on the first visible tile
       const float tile_sum = Isa::exp_shifted(scores, new_m);  // scores := exp(s - new_m)
       state.l[r] = state.l[r] * alpha + tile_sum;
       state.m[r] = new_m;
-      if (values == nullptr) values = tiles.values(h, t0, n, value_tile_buffer);
+      if (values.rows == nullptr) {
+        values = tiles.values(h, t0, n, value_tile_buffer, value_scale_scratch);
+      }
+      const float* w = scores;
+      if (values.scale != nullptr) {
+        Isa::multiply(scores, values.scale, weights);
+        w = weights;
+      }
       float* acc = &state.acc[static_cast<size_t>(r) * d];
-      Isa::template scale_accumulate<D>(acc, alpha, scores, values, n, d);
+      Isa::template scale_accumulate<D>(acc, alpha, w, values.rows, n, d);
     }
   }
 }
@@ -278,8 +298,8 @@ struct DenseTiles {
     }
     return nullptr;
   }
-  const float* keys(int h, int64_t t0, int n, float* scratch) const {
-    return rows(kv.k, h, t0, n, scratch);
+  TileRows keys(int h, int64_t t0, int n, float* scratch, float*) const {
+    return {rows(kv.k, h, t0, n, scratch), nullptr};
   }
   void prefetch(int h, int64_t t0, int n) const {
     const size_t element = kv_dtype_bytes(kv.dtype);
@@ -287,8 +307,8 @@ struct DenseTiles {
     prefetch_bytes(static_cast<const char*>(kv.k) + offset, n * kv.head_dim * element);
     prefetch_bytes(static_cast<const char*>(kv.v) + offset, n * kv.head_dim * element);
   }
-  const float* values(int h, int64_t t0, int n, float* scratch) const {
-    return rows(kv.v, h, t0, n, scratch);
+  TileRows values(int h, int64_t t0, int n, float* scratch, float*) const {
+    return {rows(kv.v, h, t0, n, scratch), nullptr};
   }
 };
 
