@@ -1,6 +1,7 @@
-// AVX2 kernels of the TurboQuant codecs: FWHT, dense rotation, MSE quantize/score/accumulate. Only entered after cpu_has_avx2(). Quantize paths follow the
-// operation order documented in codec_mse.h / rotation.h exactly (no FMA),
-// so their codes equal the scalar reference bit for bit; score/accumulate use FMA.
+// AVX2 kernels of the TurboQuant codecs: FWHT, dense rotation, MSE quantize/score/accumulate. Only
+// entered after cpu_has_avx2(). Quantize paths follow the operation order documented in codec_mse.h
+// / rotation.h exactly (no FMA), so their codes equal the scalar reference bit for bit;
+// score/accumulate use FMA.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -9,8 +10,8 @@
 #include <vector>
 
 #include "core/half.h"
-#include "quant/codec_mse.h"
 #include "quant/avx2_util.h"
+#include "quant/codec_mse.h"
 #include "quant/rotation.h"
 
 namespace turbokv::quant::avx2 {
@@ -74,9 +75,9 @@ inline uint32_t pack8(__m256i idx) {
 }
 
 struct Scratch {
-  std::vector<float> values;  // [dim rounded up to 8]
+  std::vector<float> values;   // [dim rounded up to 8]
   std::vector<float> rotated;  // [dim rounded up to 8]
-  std::vector<int32_t> idx;   // [dim rounded up to 8]
+  std::vector<int32_t> idx;    // [dim rounded up to 8]
   std::vector<uint8_t> codes;  // [dim rounded up to 8]
 };
 
@@ -91,28 +92,12 @@ Scratch& scratch(int padded_dim) {
   return s;
 }
 
+// Steps 4-6 of quantize on y [padded] (rotated unit vector, zero padding): nearest centroid,
+// centroid energy for the norm correction, packing. Returns Σ C[idx]² (documented tree).
 template <int B>
-void mse_quantize_bits(const MseCodec& codec, const float* x, uint8_t* codes, uint16_t* norm) {
+float code_rotated(const MseCodec& codec, const float* y, uint8_t* codes, Scratch& s) {
   const int d = codec.dim();
   const int padded = (d + 7) / 8 * 8;
-  Scratch& s = scratch(padded);
-  float* u = s.values.data();   // [padded]
-  float* y = s.rotated.data();  // [padded]
-  std::memcpy(u, x, sizeof(float) * d);
-  std::fill(u + d, u + padded, 0.0f);
-
-  __m256 partial = _mm256_setzero_ps();
-  for (int i = 0; i < padded; i += 8) {
-    const __m256 v = _mm256_loadu_ps(u + i);
-    partial = _mm256_add_ps(partial, _mm256_mul_ps(v, v));
-  }
-  const float n = std::sqrt(reduce_tree(partial));
-  const __m256 inv = _mm256_set1_ps(1.0f / std::fmax(n, 1e-6f));
-  for (int i = 0; i < padded; i += 8) _mm256_storeu_ps(u + i, _mm256_mul_ps(_mm256_loadu_ps(u + i), inv));
-
-  codec.rotation().apply(u, y, Isa::kAvx2);
-  std::fill(y + d, y + padded, 0.0f);
-
   const Codebook& book = codec.codebook();
   const CentroidTable<B> table(book.centroids.data());
   __m256 c_partial = _mm256_setzero_ps();
@@ -121,7 +106,7 @@ void mse_quantize_bits(const MseCodec& codec, const float* x, uint8_t* codes, ui
     if (i + 8 > d) {  // zero the padding lanes: no centroid energy, no stray code bits
       const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
       const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(d - i), lane);
-      __m256 c = _mm256_and_ps(table.lookup(idx), _mm256_castsi256_ps(live));
+      const __m256 c = _mm256_and_ps(table.lookup(idx), _mm256_castsi256_ps(live));
       c_partial = _mm256_add_ps(c_partial, _mm256_mul_ps(c, c));
       idx = _mm256_and_si256(idx, live);
     } else {
@@ -141,9 +126,57 @@ void mse_quantize_bits(const MseCodec& codec, const float* x, uint8_t* codes, ui
     for (int i = 0; i < d; ++i) s.codes[i] = uint8_t(s.idx[i]);
     pack_codes(s.codes.data(), d, B, codes);
   }
+  return reduce_tree(c_partial);
+}
+
+template <int B>
+void mse_quantize_bits(const MseCodec& codec, const float* x, uint8_t* codes, uint16_t* norm) {
+  const int d = codec.dim();
+  const int padded = (d + 7) / 8 * 8;
+  Scratch& s = scratch(padded);
+  float* y = s.rotated.data();  // [padded]
+  const Rotation& rotation = codec.rotation();
+  float n;
+  if (rotation.is_hadamard() && d % 8 == 0) {
+    // Fused: u = x * inv with the sign flip as an XOR, butterflies, scale (rotation.h order).
+    __m256 partial = _mm256_setzero_ps();
+    for (int i = 0; i < d; i += 8) {
+      const __m256 v = _mm256_loadu_ps(x + i);
+      partial = _mm256_add_ps(partial, _mm256_mul_ps(v, v));
+    }
+    n = std::sqrt(reduce_tree(partial));
+    const __m256 inv = _mm256_set1_ps(1.0f / std::fmax(n, 1e-6f));
+    const uint32_t* masks = rotation.sign_masks().data();
+    for (int i = 0; i < d; i += 8) {
+      const __m256 flip =
+          _mm256_castsi256_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(masks + i)));
+      _mm256_storeu_ps(y + i, _mm256_xor_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv), flip));
+    }
+    fwht(y, d);
+    const __m256 scale = _mm256_set1_ps(rotation.hadamard_scale());
+    for (int i = 0; i < d; i += 8)
+      _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(y + i), scale));
+  } else {
+    float* u = s.values.data();  // [padded]
+    std::memcpy(u, x, sizeof(float) * d);
+    std::fill(u + d, u + padded, 0.0f);
+    __m256 partial = _mm256_setzero_ps();
+    for (int i = 0; i < padded; i += 8) {
+      const __m256 v = _mm256_loadu_ps(u + i);
+      partial = _mm256_add_ps(partial, _mm256_mul_ps(v, v));
+    }
+    n = std::sqrt(reduce_tree(partial));
+    const __m256 inv = _mm256_set1_ps(1.0f / std::fmax(n, 1e-6f));
+    for (int i = 0; i < padded; i += 8) {
+      _mm256_storeu_ps(u + i, _mm256_mul_ps(_mm256_loadu_ps(u + i), inv));
+    }
+    rotation.apply(u, y, Isa::kAvx2);
+    std::fill(y + d, y + padded, 0.0f);
+  }
+  const float centroid_energy = code_rotated<B>(codec, y, codes, s);
   float stored = n;
   if (codec.norm_correction()) {
-    const float cn = std::sqrt(reduce_tree(c_partial));
+    const float cn = std::sqrt(centroid_energy);
     if (cn > 0) stored = n / cn;
   }
   norm[0] = f32_to_f16(stored);
@@ -155,15 +188,17 @@ inline float row_dot(const float* rq, const uint8_t* row, int d, int code_bytes,
                      const CentroidTable<B>& table, const float* centroids) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   const int groups = d / 8;
+  const int fast = fast_groups<B>(groups, code_bytes);
   int k = 0;
-  for (; k + 1 < groups; k += 2) {
-    const __m256i i0 = unpack8<B>(load_group<B>(row + k * B, k * B + 4 <= code_bytes));
-    const __m256i i1 = unpack8<B>(load_group<B>(row + (k + 1) * B, (k + 1) * B + 4 <= code_bytes));
+  for (; k + 1 < fast; k += 2) {
+    const __m256i i0 = load_codes8<B>(row + k * B);
+    const __m256i i1 = load_codes8<B>(row + (k + 1) * B);
     acc0 = _mm256_fmadd_ps(table.lookup(i0), _mm256_loadu_ps(rq + 8 * k), acc0);
     acc1 = _mm256_fmadd_ps(table.lookup(i1), _mm256_loadu_ps(rq + 8 * k + 8), acc1);
   }
   for (; k < groups; ++k) {
-    const __m256i i0 = unpack8<B>(load_group<B>(row + k * B, k * B + 4 <= code_bytes));
+    const __m256i i0 =
+        k < fast ? load_codes8<B>(row + k * B) : load_codes8_exact<B>(row + k * B, k * B);
     acc0 = _mm256_fmadd_ps(table.lookup(i0), _mm256_loadu_ps(rq + 8 * k), acc0);
   }
   float dot = reduce_tree(_mm256_add_ps(acc0, acc1));
@@ -194,12 +229,14 @@ void mse_accumulate_bits(const MseCodec& codec, const float* weights, const Code
   const float* centroids = codec.codebook().centroids.data();
   const CentroidTable<B> table(centroids);
   const int groups = d / 8;
+  const int fast = fast_groups<B>(groups, code_bytes);
   for (int64_t t = 0; t < n; ++t) {
     const uint8_t* row = rows.codes + t * rows.code_stride;
     const float coef = weights[t] * f16_to_f32(rows.norms[t * rows.norm_stride]);
     const __m256 coef8 = _mm256_set1_ps(coef);
     for (int k = 0; k < groups; ++k) {
-      const __m256i idx = unpack8<B>(load_group<B>(row + k * B, k * B + 4 <= code_bytes));
+      const __m256i idx =
+          k < fast ? load_codes8<B>(row + k * B) : load_codes8_exact<B>(row + k * B, k * B);
       _mm256_storeu_ps(acc + 8 * k,
                        _mm256_fmadd_ps(coef8, table.lookup(idx), _mm256_loadu_ps(acc + 8 * k)));
     }
@@ -255,8 +292,7 @@ void dense_matvec(const float* matrix_t, const float* in, float* out, int dim) {
 }
 
 void mse_quantize(const MseCodec& codec, const float* x, uint8_t* codes, uint16_t* norm) {
-  dispatch_bits(codec.int_bits(),
-                [&]<int B>() { mse_quantize_bits<B>(codec, x, codes, norm); });
+  dispatch_bits(codec.int_bits(), [&]<int B>() { mse_quantize_bits<B>(codec, x, codes, norm); });
 }
 
 void mse_score(const MseCodec& codec, const float* rq, const CodeRows& rows, int64_t n,

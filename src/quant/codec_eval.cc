@@ -183,8 +183,8 @@ CodedHead code_head(const float* x, int tokens, int dim, const ResolvedKV& kv, b
   CodedHead head;
   const double bits = key ? kv.key_bits : kv.value_bits;
   if (kv.scheme == KVScheme::kTurboQuant) {
-    TurboQuantConfig config{dim, bits, kv.seed, key ? TensorRole::kKey : TensorRole::kValue,
-                            kv.norm_correction, {}};
+    TurboQuantConfig config{
+        dim, bits, kv.seed, key ? TensorRole::kKey : TensorRole::kValue, kv.norm_correction, {}};
     if (std::floor(bits) != bits) {
       config.channel_order = choose_split_channels(x, std::min(tokens, calibration_tokens), dim);
     }
@@ -193,7 +193,8 @@ CodedHead code_head(const float* x, int tokens, int dim, const ResolvedKV& kv, b
     head.extras.resize(size_t(tokens) * head.turbo->norms_per_vector());
     head.turbo->quantize_batch(x, tokens, head.codes.data(), head.extras.data());
   } else {
-    head.uniform = std::make_unique<UniformCodec>(UniformCodecConfig{dim, int(bits), kv.group_size});
+    head.uniform =
+        std::make_unique<UniformCodec>(UniformCodecConfig{dim, int(bits), kv.group_size});
     head.codes.resize(size_t(tokens) * head.uniform->code_bytes());
     head.extras.resize(size_t(tokens) * head.uniform->params_per_vector());
     head.uniform->quantize_batch(x, tokens, head.codes.data(), head.extras.data());
@@ -210,8 +211,8 @@ LayerFidelity attention_fidelity(const float* q, const float* k, const float* v,
     throw InvalidArgument("attention fidelity needs a quantized KV scheme: give --kv-bits");
   }
   if (kv_heads < 1 || n_heads % kv_heads != 0) {
-    throw InvalidArgument(str_cat("query heads ", n_heads, " is not a multiple of KV heads ",
-                                  kv_heads));
+    throw InvalidArgument(
+        str_cat("query heads ", n_heads, " is not a multiple of KV heads ", kv_heads));
   }
   const float scale = float(1.0 / std::sqrt(double(dim)));
   std::vector<CodedHead> keys, values;

@@ -87,8 +87,8 @@ void MseCodec::accumulate(const float* weights, const uint8_t* codes, const uint
   accumulate_rows(weights, CodeRows{codes, code_bytes(), norms, 1}, n, acc, isa);
 }
 
-void MseCodec::score_rows(const float* rq, const CodeRows& rows, int64_t n, float* scores,
-                          bool add, Isa isa) const {
+void MseCodec::score_rows(const float* rq, const CodeRows& rows, int64_t n, float* scores, bool add,
+                          Isa isa) const {
   if (usable_isa(isa) == Isa::kAvx2) {
     avx2::mse_score(*this, rq, rows, n, scores, add);
     return;

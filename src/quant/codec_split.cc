@@ -107,8 +107,8 @@ void SplitCodec::unrotate(const float* acc, float* out, Isa isa) const {
 
 std::vector<int> choose_split_channels(const float* x, int64_t n, int dim) {
   if (n < 1 || dim < 1) {
-    throw InvalidArgument(str_cat("choose_split_channels needs n >= 1 and dim >= 1, got n=", n,
-                                  " dim=", dim));
+    throw InvalidArgument(
+        str_cat("choose_split_channels needs n >= 1 and dim >= 1, got n=", n, " dim=", dim));
   }
   std::vector<double> mean_abs(dim, 0.0);
   for (int64_t t = 0; t < n; ++t) {

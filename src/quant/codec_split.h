@@ -38,8 +38,8 @@ class SplitCodec final : public TurboQuantCodec {
                 Isa isa = best_isa()) const override;
   void dequantize(const uint8_t* codes, const uint16_t* norms, float* x) const override;
   void rotate_query(const float* q, float* rq, Isa isa = best_isa()) const override;
-  void score(const float* rq, const uint8_t* codes, const uint16_t* norms, int64_t n,
-             float* scores, Isa isa = best_isa()) const override;
+  void score(const float* rq, const uint8_t* codes, const uint16_t* norms, int64_t n, float* scores,
+             Isa isa = best_isa()) const override;
   void accumulate(const float* weights, const uint8_t* codes, const uint16_t* norms, int64_t n,
                   float* acc, Isa isa = best_isa()) const override;
   void unrotate(const float* acc, float* out, Isa isa = best_isa()) const override;

@@ -91,8 +91,8 @@ TEST(SplitCodec, CodesBitIdenticalAcrossPathsAndPrimitivesMatchDequantize) {
   for (int d : {4, 7, 64, 80, 96, 128}) {
     for (double bits : {1.5, 2.5, 3.5, 7.5}) {
       const std::vector<float> x = testing::gaussian_matrix(40, d, d * 10 + int(bits * 2));
-      TurboQuantConfig config{d, bits, 2, TensorRole::kValue, true,
-                              choose_split_channels(x.data(), 16, d)};
+      TurboQuantConfig config{
+          d, bits, 2, TensorRole::kValue, true, choose_split_channels(x.data(), 16, d)};
       const auto codec = make_turboquant_codec(config);
       const size_t cb = codec->code_bytes();
       std::vector<uint8_t> c1(40 * cb), c2(40 * cb);
