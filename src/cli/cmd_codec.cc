@@ -29,6 +29,9 @@ std::vector<double> parse_bits_list(const std::string& text) {
 
 int run_synthetic(int dim, const std::string& bits_text, const std::string& mode, int64_t samples,
                   uint64_t seed, bool json) {
+  const std::vector<double> bits_list = parse_bits_list(bits_text);
+  for (double bits : bits_list) quant::check_codec_mode_bits(mode, bits);
+  if (samples < 1) throw InvalidArgument(str_cat("--samples ", samples, " is invalid: need >= 1"));
   nlohmann::json results = nlohmann::json::array();
   if (!json) {
     std::printf("codec %s, d=%d, %lld random unit vectors, 4 Gaussian queries each\n", mode.c_str(),
@@ -36,7 +39,7 @@ int run_synthetic(int dim, const std::string& bits_text, const std::string& mode
     std::printf("%6s %10s %12s %10s %14s\n", "bits", "mse", "mse(normcor)", "ip_bias",
                 "ip_var_times_d");
   }
-  for (double bits : parse_bits_list(bits_text)) {
+  for (double bits : bits_list) {
     if (isatty(2)) std::fprintf(stderr, "bits %g...\r", bits);
     const quant::CodecStats s = quant::measure_codec(dim, bits, mode, samples, 4, seed);
     nlohmann::json entry = {{"bits", s.bits},
@@ -47,8 +50,9 @@ int run_synthetic(int dim, const std::string& bits_text, const std::string& mode
     if (mode == "mse") entry["mse_norm_corrected"] = s.mse_norm_corrected;
     results.push_back(entry);
     if (!json) {
-      std::printf("%6g %10.5f %12s %10.5f %14.5f\n", bits, s.mse,
-                  mode == "mse" ? str_cat(s.mse_norm_corrected).c_str() : "-", s.ip_bias,
+      char corrected[32] = "-";
+      if (mode == "mse") std::snprintf(corrected, sizeof(corrected), "%.5f", s.mse_norm_corrected);
+      std::printf("%6g %10.5f %12s %10.5f %14.5f\n", bits, s.mse, corrected, s.ip_bias,
                   s.ip_var_times_d);
     }
   }

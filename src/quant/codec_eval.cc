@@ -40,19 +40,25 @@ double sq_distance(const float* a, const float* b, int d) {
 
 }  // namespace
 
-CodecStats measure_codec(int dim, double bits, const std::string& mode, int64_t samples,
-                         int queries_per_vector, uint64_t seed) {
+void check_codec_mode_bits(const std::string& mode, double bits) {
   if (mode != "mse" && mode != "prod") {
     throw InvalidArgument(str_cat("codec mode '", mode, "' is unknown: allowed mse, prod"));
   }
+  if (mode == "mse") {
+    check_turboquant_bits(bits);
+  } else if (!(bits >= 1 && bits <= 8) || std::floor(bits) != bits) {
+    throw InvalidArgument(str_cat("prod codec bits ", bits, " is invalid: allowed 1..8"));
+  }
+}
+
+CodecStats measure_codec(int dim, double bits, const std::string& mode, int64_t samples,
+                         int queries_per_vector, uint64_t seed) {
+  check_codec_mode_bits(mode, bits);
   if (samples < 1) throw InvalidArgument(str_cat("samples ", samples, " is invalid: need >= 1"));
   const bool prod = mode == "prod";
   std::unique_ptr<TurboQuantCodec> plain, corrected;
   std::unique_ptr<ProdCodec> prod_codec;
   if (prod) {
-    if (std::floor(bits) != bits) {
-      throw InvalidArgument(str_cat("prod codec bits ", bits, " is invalid: allowed 1..8"));
-    }
     prod_codec = std::make_unique<ProdCodec>(ProdCodecConfig{dim, int(bits), seed});
   } else {
     plain = make_turboquant_codec({dim, bits, seed, TensorRole::kKey, false, {}});
