@@ -182,66 +182,152 @@ void mse_quantize_bits(const MseCodec& codec, const float* x, uint8_t* codes, ui
   norm[0] = f32_to_f16(stored);
 }
 
-// Dot product of rq with the centroids of one row of codes (full groups, then the tail).
+// 8 codes of group k of a row as centroid values.
 template <int B>
-inline float row_dot(const float* rq, const uint8_t* row, int d, int code_bytes,
-                     const CentroidTable<B>& table, const float* centroids) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  const int groups = d / 8;
-  const int fast = fast_groups<B>(groups, code_bytes);
-  int k = 0;
-  for (; k + 1 < fast; k += 2) {
-    const __m256i i0 = load_codes8<B>(row + k * B);
-    const __m256i i1 = load_codes8<B>(row + (k + 1) * B);
-    acc0 = _mm256_fmadd_ps(table.lookup(i0), _mm256_loadu_ps(rq + 8 * k), acc0);
-    acc1 = _mm256_fmadd_ps(table.lookup(i1), _mm256_loadu_ps(rq + 8 * k + 8), acc1);
-  }
-  for (; k < groups; ++k) {
-    const __m256i i0 =
-        k < fast ? load_codes8<B>(row + k * B) : load_codes8_exact<B>(row + k * B, k * B);
-    acc0 = _mm256_fmadd_ps(table.lookup(i0), _mm256_loadu_ps(rq + 8 * k), acc0);
-  }
-  float dot = reduce_tree(_mm256_add_ps(acc0, acc1));
-  for (int i = groups * 8; i < d; ++i) dot += rq[i] * centroids[packed_code_at(row, B, i)];
-  return dot;
+inline __m256 group_centroids(const uint8_t* row, int k, int fast, const CentroidTable<B>& table) {
+  const __m256i idx =
+      k < fast ? load_codes8<B>(row + k * B) : load_codes8_exact<B>(row + k * B, k * B);
+  return table.lookup(idx);
 }
 
-template <int B>
-void mse_score_bits(const MseCodec& codec, const float* rq, const CodeRows& rows, int64_t n,
-                    float* scores, bool add) {
+// Scores of M queries against every row: codes unpacked and looked up once per group, two
+// accumulators per query (even / odd groups) to hide FMA latency.
+template <int B, int M>
+void score_block(const MseCodec& codec, const float* const* rq, const CodeRows& rows, int64_t n,
+                 float* const* scores, bool add) {
   const int d = codec.dim();
-  const int code_bytes = int(codec.code_bytes());
-  const float* centroids = codec.codebook().centroids.data();
-  const CentroidTable<B> table(centroids);
-  for (int64_t t = 0; t < n; ++t) {
-    const uint8_t* row = rows.codes + t * rows.code_stride;
-    const float s = row_dot<B>(rq, row, d, code_bytes, table, centroids) *
-                    f16_to_f32(rows.norms[t * rows.norm_stride]);
-    scores[t] = add ? scores[t] + s : s;
-  }
-}
-
-template <int B>
-void mse_accumulate_bits(const MseCodec& codec, const float* weights, const CodeRows& rows,
-                         int64_t n, float* acc) {
-  const int d = codec.dim();
-  const int code_bytes = int(codec.code_bytes());
   const float* centroids = codec.codebook().centroids.data();
   const CentroidTable<B> table(centroids);
   const int groups = d / 8;
-  const int fast = fast_groups<B>(groups, code_bytes);
+  const int fast = fast_groups<B>(groups, int(codec.code_bytes()));
   for (int64_t t = 0; t < n; ++t) {
     const uint8_t* row = rows.codes + t * rows.code_stride;
-    const float coef = weights[t] * f16_to_f32(rows.norms[t * rows.norm_stride]);
-    const __m256 coef8 = _mm256_set1_ps(coef);
-    for (int k = 0; k < groups; ++k) {
-      const __m256i idx =
-          k < fast ? load_codes8<B>(row + k * B) : load_codes8_exact<B>(row + k * B, k * B);
-      _mm256_storeu_ps(acc + 8 * k,
-                       _mm256_fmadd_ps(coef8, table.lookup(idx), _mm256_loadu_ps(acc + 8 * k)));
+    __m256 even[M], odd[M];
+    for (int j = 0; j < M; ++j) even[j] = odd[j] = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 1 < groups; k += 2) {
+      const __m256 c0 = group_centroids<B>(row, k, fast, table);
+      const __m256 c1 = group_centroids<B>(row, k + 1, fast, table);
+      for (int j = 0; j < M; ++j) {
+        even[j] = _mm256_fmadd_ps(c0, _mm256_loadu_ps(rq[j] + 8 * k), even[j]);
+        odd[j] = _mm256_fmadd_ps(c1, _mm256_loadu_ps(rq[j] + 8 * k + 8), odd[j]);
+      }
     }
-    for (int i = groups * 8; i < d; ++i) acc[i] += coef * centroids[packed_code_at(row, B, i)];
+    if (k < groups) {
+      const __m256 c0 = group_centroids<B>(row, k, fast, table);
+      for (int j = 0; j < M; ++j) {
+        even[j] = _mm256_fmadd_ps(c0, _mm256_loadu_ps(rq[j] + 8 * k), even[j]);
+      }
+    }
+    const float norm = f16_to_f32(rows.norms[t * rows.norm_stride]);
+    for (int j = 0; j < M; ++j) {
+      float dot = reduce_tree(_mm256_add_ps(even[j], odd[j]));
+      for (int i = groups * 8; i < d; ++i) dot += rq[j][i] * centroids[packed_code_at(row, B, i)];
+      const float s = dot * norm;
+      scores[j][t] = add ? scores[j][t] + s : s;
+    }
   }
+}
+
+// acc_j += Σ_t coef_j[t] · C[codes of row t] for M weight rows, rows in tiles so that each
+// group's accumulators stay in registers across a tile (two per weight row: even / odd rows).
+template <int B, int M>
+void accumulate_block(const MseCodec& codec, const float* const* weights, const CodeRows& rows,
+                      int64_t n, float* const* acc) {
+  const int d = codec.dim();
+  const float* centroids = codec.codebook().centroids.data();
+  const CentroidTable<B> table(centroids);
+  const int groups = d / 8;
+  const int fast = fast_groups<B>(groups, int(codec.code_bytes()));
+  constexpr int kTile = 64;
+  float coef[M][kTile];
+  for (int64_t start = 0; start < n; start += kTile) {
+    const int rows_in_tile = int(std::min<int64_t>(kTile, n - start));
+    for (int r = 0; r < rows_in_tile; ++r) {
+      const float norm = f16_to_f32(rows.norms[(start + r) * rows.norm_stride]);
+      for (int j = 0; j < M; ++j) coef[j][r] = weights[j][start + r] * norm;
+    }
+    const uint8_t* tile = rows.codes + start * rows.code_stride;
+    for (int k = 0; k < groups; ++k) {
+      __m256 even[M], odd[M];
+      for (int j = 0; j < M; ++j) even[j] = odd[j] = _mm256_setzero_ps();
+      int r = 0;
+      for (; r + 1 < rows_in_tile; r += 2) {
+        const __m256 c0 = group_centroids<B>(tile + r * rows.code_stride, k, fast, table);
+        const __m256 c1 = group_centroids<B>(tile + (r + 1) * rows.code_stride, k, fast, table);
+        for (int j = 0; j < M; ++j) {
+          even[j] = _mm256_fmadd_ps(_mm256_set1_ps(coef[j][r]), c0, even[j]);
+          odd[j] = _mm256_fmadd_ps(_mm256_set1_ps(coef[j][r + 1]), c1, odd[j]);
+        }
+      }
+      if (r < rows_in_tile) {
+        const __m256 c0 = group_centroids<B>(tile + r * rows.code_stride, k, fast, table);
+        for (int j = 0; j < M; ++j) {
+          even[j] = _mm256_fmadd_ps(_mm256_set1_ps(coef[j][r]), c0, even[j]);
+        }
+      }
+      for (int j = 0; j < M; ++j) {
+        float* out = acc[j] + 8 * k;
+        _mm256_storeu_ps(out, _mm256_add_ps(_mm256_loadu_ps(out), _mm256_add_ps(even[j], odd[j])));
+      }
+    }
+    for (int r = 0; r < rows_in_tile; ++r) {
+      const uint8_t* row = tile + r * rows.code_stride;
+      for (int i = groups * 8; i < d; ++i) {
+        const float c = centroids[packed_code_at(row, B, i)];
+        for (int j = 0; j < M; ++j) acc[j][i] += coef[j][r] * c;
+      }
+    }
+  }
+}
+
+// Runs block<M>(first) for query blocks of up to 4 (M = 1..4).
+template <typename Block>
+void for_query_blocks(int count, Block&& block) {
+  for (int first = 0; first < count; first += 4) {
+    switch (std::min(4, count - first)) {
+      case 1:
+        block.template operator()<1>(first);
+        break;
+      case 2:
+        block.template operator()<2>(first);
+        break;
+      case 3:
+        block.template operator()<3>(first);
+        break;
+      default:
+        block.template operator()<4>(first);
+        break;
+    }
+  }
+}
+
+template <int B>
+void mse_score_bits(const MseCodec& codec, const QueryRows& queries, const CodeRows& rows,
+                    int64_t n, float* scores, bool add) {
+  for_query_blocks(queries.count, [&]<int M>(int first) {
+    const float* rq[M];
+    float* out[M];
+    for (int j = 0; j < M; ++j) {
+      rq[j] = queries.data + (first + j) * queries.stride;
+      out[j] = scores + (first + j) * n;
+    }
+    score_block<B, M>(codec, rq, rows, n, out, add);
+  });
+}
+
+template <int B>
+void mse_accumulate_bits(const MseCodec& codec, const QueryRows& weights, const CodeRows& rows,
+                         int64_t n, float* acc, size_t acc_stride) {
+  for_query_blocks(weights.count, [&]<int M>(int first) {
+    const float* w[M];
+    float* out[M];
+    for (int j = 0; j < M; ++j) {
+      w[j] = weights.data + (first + j) * weights.stride;
+      out[j] = acc + (first + j) * acc_stride;
+    }
+    accumulate_block<B, M>(codec, w, rows, n, out);
+  });
 }
 
 }  // namespace
@@ -295,16 +381,16 @@ void mse_quantize(const MseCodec& codec, const float* x, uint8_t* codes, uint16_
   dispatch_bits(codec.int_bits(), [&]<int B>() { mse_quantize_bits<B>(codec, x, codes, norm); });
 }
 
-void mse_score(const MseCodec& codec, const float* rq, const CodeRows& rows, int64_t n,
+void mse_score(const MseCodec& codec, const QueryRows& queries, const CodeRows& rows, int64_t n,
                float* scores, bool add) {
   dispatch_bits(codec.int_bits(),
-                [&]<int B>() { mse_score_bits<B>(codec, rq, rows, n, scores, add); });
+                [&]<int B>() { mse_score_bits<B>(codec, queries, rows, n, scores, add); });
 }
 
-void mse_accumulate(const MseCodec& codec, const float* weights, const CodeRows& rows, int64_t n,
-                    float* acc) {
+void mse_accumulate(const MseCodec& codec, const QueryRows& weights, const CodeRows& rows,
+                    int64_t n, float* acc, size_t acc_stride) {
   dispatch_bits(codec.int_bits(),
-                [&]<int B>() { mse_accumulate_bits<B>(codec, weights, rows, n, acc); });
+                [&]<int B>() { mse_accumulate_bits<B>(codec, weights, rows, n, acc, acc_stride); });
 }
 
 }  // namespace turbokv::quant::avx2
