@@ -25,8 +25,8 @@ int run_template(int argc, char** argv) {
   CLI::App app{"Render a chat template with variables from a JSON file", "template"};
   std::string model_dir, template_path, vars_path;
   bool json_output = false;
-  auto* model_opt =
-      app.add_option("--model", model_dir, "model directory whose chat_template to use (default: shipped model)");
+  auto* model_opt = app.add_option(
+      "--model", model_dir, "model directory whose chat_template to use (default: shipped model)");
   auto* template_opt = app.add_option("--template", template_path, "a Jinja2 template file");
   model_opt->excludes(template_opt);
   app.add_option("--vars", vars_path,
@@ -37,8 +37,8 @@ int run_template(int argc, char** argv) {
 
   auto vars = parse_json_located<nlohmann::ordered_json>(read_file_text(vars_path), vars_path);
   if (!vars.is_object()) {
-    throw InvalidArgument(str_cat(vars_path, ": template variables must be a JSON object, got ",
-                                  vars.type_name()));
+    throw InvalidArgument(
+        str_cat(vars_path, ": template variables must be a JSON object, got ", vars.type_name()));
   }
   std::string source;
   if (!template_path.empty()) {
@@ -48,7 +48,8 @@ int run_template(int argc, char** argv) {
     const auto tokenizer = Tokenizer::from_model_dir(dir);
     const TokenizerConfig& config = tokenizer->config();
     if (config.chat_template.empty()) {
-      throw InvalidArgument(str_cat("model '", dir, "' has no chat_template; pass --template FILE"));
+      throw InvalidArgument(
+          str_cat("model '", dir, "' has no chat_template; pass --template FILE"));
     }
     source = config.chat_template;
     // transformers passes the special tokens to every template.

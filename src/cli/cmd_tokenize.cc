@@ -23,7 +23,8 @@ int run_tokenize(int argc, char** argv) {
   CLI::App app{"Tokenize text like the HF tokenizers library (prints ids and tokens)", "tokenize"};
   std::string model_dir, tokenizer_path, text, file;
   bool json_output = false, no_special = false;
-  auto* model_opt = app.add_option("--model", model_dir, "model directory (default: shipped model)");
+  auto* model_opt =
+      app.add_option("--model", model_dir, "model directory (default: shipped model)");
   auto* tokenizer_opt = app.add_option("--tokenizer", tokenizer_path, "a tokenizer.json file");
   model_opt->excludes(tokenizer_opt);
   auto* text_opt = app.add_option("--text", text, "text to tokenize");
@@ -36,10 +37,10 @@ int run_tokenize(int argc, char** argv) {
     throw InvalidArgument("one of --text or --file is required");
   }
 
-  const auto tokenizer = tokenizer_path.empty()
-                             ? Tokenizer::from_model_dir(model_dir.empty() ? default_model_dir()
-                                                                           : model_dir)
-                             : Tokenizer::from_file(tokenizer_path);
+  const auto tokenizer =
+      tokenizer_path.empty()
+          ? Tokenizer::from_model_dir(model_dir.empty() ? default_model_dir() : model_dir)
+          : Tokenizer::from_file(tokenizer_path);
   const std::string input = file.empty() ? text : read_text_file(file);
   const std::vector<int32_t> ids = tokenizer->encode(input, !no_special);
   std::vector<std::string> tokens;
@@ -52,7 +53,9 @@ int run_tokenize(int argc, char** argv) {
   } else {
     for (size_t i = 0; i < ids.size(); ++i) {
       std::printf("%d\t%s\n", ids[i],
-                  nlohmann::json(tokens[i]).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+                  nlohmann::json(tokens[i])
+                      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                      .c_str());
     }
   }
   return 0;

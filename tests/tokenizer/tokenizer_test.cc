@@ -1,6 +1,9 @@
-// Tokenizers against the HF `tokenizers` reference (tests/fixtures/tokenizers/tokenizer-cases.json):
-// ids and decoded text for tinycode (byte-level BPE), llama3style and spmstyle (byte fallback);
-// streaming decode against the full decode; malformed tokenizer.json errors with locations.
+// Tokenizers against the HF `tokenizers` reference
+// (tests/fixtures/tokenizers/tokenizer-cases.json): ids and decoded text for tinycode (byte-level
+// BPE), llama3style and spmstyle (byte fallback); streaming decode against the full decode;
+// malformed tokenizer.json errors with locations.
+#include "tokenizer/tokenizer.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -10,7 +13,6 @@
 
 #include "core/error.h"
 #include "tokenizer/hf_tokenizer.h"
-#include "tokenizer/tokenizer.h"
 
 namespace turbokv {
 namespace {
@@ -125,7 +127,8 @@ std::string error_of(const std::string& tokenizer_json) {
 }
 
 TEST(Tokenizer, MalformedJsonNamesItsLocation) {
-  const std::string message = error_of("{\n  \"model\": {\"type\": \"BPE\",\n    \"vocab\": {\"a\" 1}}}");
+  const std::string message =
+      error_of("{\n  \"model\": {\"type\": \"BPE\",\n    \"vocab\": {\"a\" 1}}}");
   EXPECT_NE(message.find("malformed JSON at byte 47 (line 3, column 19)"), std::string::npos)
       << message;
   EXPECT_THROW(Tokenizer::from_file(write_temp("t.json", "{\"model\": [}")), FormatError);
