@@ -193,17 +193,23 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
   }
   std::vector<int32_t> ids;
   std::vector<std::string> pieces;
-  for (const auto& segment : added_.split(text)) {
+  for (const auto& segment : added_.split(text, /*normalized_tokens=*/false)) {
     if (segment.id >= 0) {
       ids.push_back(segment.id);
       continue;
     }
     std::string part(text.substr(segment.begin, segment.end - segment.begin));
     if (normalizer_) part = normalizer_->normalize(std::move(part));
-    pieces.clear();
-    pieces.push_back(std::move(part));
-    if (pre_tokenizer_) pre_tokenizer_->split(pieces, segment.begin == 0);
-    for (const std::string& piece : pieces) model_->encode_piece(piece, ids);
+    for (const auto& inner : added_.split(part, /*normalized_tokens=*/true)) {
+      if (inner.id >= 0) {
+        ids.push_back(inner.id);
+        continue;
+      }
+      pieces.clear();
+      pieces.emplace_back(part, inner.begin, inner.end - inner.begin);
+      if (pre_tokenizer_) pre_tokenizer_->split(pieces, segment.begin == 0 && inner.begin == 0);
+      for (const std::string& piece : pieces) model_->encode_piece(piece, ids);
+    }
   }
   if (add_special_tokens) {
     if (post_processor_) post_processor_->process(ids);

@@ -211,13 +211,15 @@ class Lexer {
                                        : "unterminated expression: expected '}}'");
       }
       if (depth == 0) {
-        const bool dash =
-            src_[pos] == '-' && src_.compare(pos + 1, 2, std::string{closer, '}'}) == 0;
-        if (dash || src_.compare(pos, 2, std::string{closer, '}'}) == 0) {
+        // `-%}` strips the whitespace after the tag; `+%}` keeps the newline trim_blocks drops.
+        const std::string end{closer, '}'};
+        const bool dash = src_[pos] == '-' && src_.compare(pos + 1, 2, end) == 0;
+        const bool plus = block && src_[pos] == '+' && src_.compare(pos + 1, 2, end) == 0;
+        if (dash || plus || src_.compare(pos, 2, end) == 0) {
           tokens_.push_back({block ? Token::Type::kBlockEnd : Token::Type::kVarEnd, "", pos});
           strip_next = dash;
-          const size_t after = pos + (dash ? 3 : 2);
-          return block ? trim_newline(after, strip_next) : after;
+          const size_t after = pos + (dash || plus ? 3 : 2);
+          return block && !plus ? trim_newline(after, strip_next) : after;
         }
       }
       pos = lex_expression_token(pos, depth);

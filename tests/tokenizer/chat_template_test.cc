@@ -129,6 +129,7 @@ TEST(ChatTemplate, StatementsAndWhitespaceControl) {
   EXPECT_EQ(render("a\n  {% if true %}\n  b\n  {% endif %}\nc\n"), "a\n  b\nc");
   EXPECT_EQ(render("a  {{- ' b ' -}}  c"), "a b c");
   EXPECT_EQ(render("{# comment #}\nx{%+ if true %}y{% endif %}"), "xy");
+  EXPECT_EQ(render("  {%+ if true +%}\nx{% endif %}"), "  \nx");
 }
 
 TEST(ChatTemplate, RuntimeErrorsUsePythonMessages) {

@@ -168,6 +168,23 @@ TEST(Tokenizer, StringAndListMergesAgree) {
   }
 }
 
+// An added token with normalized=true is matched in the normalized text ("▁world" after the
+// Prepend/Replace normalizer); with normalized=false only in the raw text, where it is absent.
+// Expected ids: the HF fixture ids of "Hello world" ([415, 300, 553, 552 | 415, 3189, 336, 328],
+// no merge across the boundary) with the second word replaced by the added token.
+TEST(Tokenizer, NormalizedAddedTokensMatchAfterNormalization) {
+  std::ifstream in(kFixtures + "spmstyle-tokenizer.json");
+  nlohmann::json root = nlohmann::json::parse(in);
+  root["added_tokens"].push_back({{"id", 4096}, {"content", "\u2581world"}, {"single_word", false},
+                                  {"lstrip", false}, {"rstrip", false}, {"normalized", true},
+                                  {"special", false}});
+  EXPECT_EQ(HfTokenizer(root).encode("Hello world"),
+            (std::vector<int32_t>{415, 300, 553, 552, 4096}));
+  root["added_tokens"].back()["normalized"] = false;
+  EXPECT_EQ(HfTokenizer(root).encode("Hello world"),
+            (std::vector<int32_t>{415, 300, 553, 552, 415, 3189, 336, 328}));
+}
+
 // The per-piece cache returns what the plain BPE computes.
 TEST(Tokenizer, CachedEqualsUncached) {
   auto tokenizer = HfTokenizer::load(kModelDir + "/tokenizer.json");
