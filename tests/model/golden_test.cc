@@ -38,7 +38,7 @@ void check_golden(const Golden& g) {
   const int n = int(ids.size());
   ASSERT_EQ(want.size(), size_t(n) * V);
 
-  LayerCaches caches = testing::naive_caches(*model);
+  LayerCaches caches = testing::f32_caches(*model);
   std::vector<float> logits(size_t(n) * V);  // [n, V]
   Model::Chunk chunk{ids.data(), n, &caches, logits.data(), true};
   model->forward({&chunk, 1});
@@ -110,14 +110,14 @@ TEST(BatchedForward, ChunksAndSplitPromptsAgreeWithOneSequence) {
   const std::vector<int64_t> ids64 = SafetensorsFile::to_i64(ref.at("input_ids"));
   const std::vector<int32_t> ids(ids64.begin(), ids64.end());
   const int V = model->info().vocab_size, n = int(ids.size());
-  LayerCaches whole = testing::naive_caches(*model);
+  LayerCaches whole = testing::f32_caches(*model);
   std::vector<float> want(size_t(n) * V);
   Model::Chunk one{ids.data(), n, &whole, want.data(), true};
   model->forward({&one, 1});
 
   // Sequence A: the prompt in two forwards (10 + 14 tokens); sequence B rides along in the
   // same calls with the whole prompt, last-token logits only.
-  LayerCaches a = testing::naive_caches(*model), b = testing::naive_caches(*model);
+  LayerCaches a = testing::f32_caches(*model), b = testing::f32_caches(*model);
   std::vector<float> got(size_t(n) * V), b_last(static_cast<size_t>(V));
   Model::Chunk first[] = {{ids.data(), 10, &a, got.data(), true},
                           {ids.data(), n, &b, b_last.data(), false}};
