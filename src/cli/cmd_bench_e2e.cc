@@ -74,15 +74,19 @@ int run_e2e_bench(const E2EBenchFlags& flags) {
   std::vector<int32_t> prompt(static_cast<size_t>(flags.prompt_tokens));
   for (int32_t& t : prompt) t = token(gen);
 
-  measure(*model, std::vector<int32_t>(prompt.begin(), prompt.begin() + std::min<size_t>(prompt.size(), 16)), 2,
-          ResolvedKV{});  // warm-up: page in the weights, start the pool
+  measure(
+      *model,
+      std::vector<int32_t>(prompt.begin(), prompt.begin() + std::min<size_t>(prompt.size(), 16)), 2,
+      ResolvedKV{});  // warm-up: page in the weights, start the pool
   const Speed dense = measure(*model, prompt, flags.gen_tokens, ResolvedKV{});
   const Speed quantized = measure(*model, prompt, flags.gen_tokens, quant);
   const std::string scheme = kv_scheme_name(quant.scheme);
   if (flags.json) {
     auto row = [](const char* name, const Speed& s) {
-      return nlohmann::json{{"kv", name}, {"prefill_tps", s.prefill_tps},
-                            {"decode_tps", s.decode_tps}, {"kv_bytes", s.kv_bytes}};
+      return nlohmann::json{{"kv", name},
+                            {"prefill_tps", s.prefill_tps},
+                            {"decode_tps", s.decode_tps},
+                            {"kv_bytes", s.kv_bytes}};
     };
     nlohmann::json out = {{"model", flags.model_dir},
                           {"threads", flags.threads},
@@ -97,7 +101,8 @@ int run_e2e_bench(const E2EBenchFlags& flags) {
   std::printf("%d threads, prompt %d tokens, %d decoded tokens\n", flags.threads,
               flags.prompt_tokens, flags.gen_tokens);
   std::printf("%-12s %12s %12s %12s\n", "kv", "prefill t/s", "decode t/s", "kv bytes");
-  std::printf("%-12s %12.1f %12.1f %12zu\n", "dense", dense.prefill_tps, dense.decode_tps, dense.kv_bytes);
+  std::printf("%-12s %12.1f %12.1f %12zu\n", "dense", dense.prefill_tps, dense.decode_tps,
+              dense.kv_bytes);
   std::printf("%-12s %12.1f %12.1f %12zu\n", scheme.c_str(), quantized.prefill_tps,
               quantized.decode_tps, quantized.kv_bytes);
   std::printf("%-12s %12.2fx %11.2fx\n", "ratio", quantized.prefill_tps / dense.prefill_tps,

@@ -26,9 +26,10 @@ std::string read_file(const std::string& path) {
 }
 
 int perplexity_main(int argc, char** argv) {
-  CLI::App app("perplexity of a model on a text file; with a KV scheme also ppl_dense, "
-               "kld_mean and top1_agreement against the dense cache",
-               "perplexity");
+  CLI::App app(
+      "perplexity of a model on a text file; with a KV scheme also ppl_dense, "
+      "kld_mean and top1_agreement against the dense cache",
+      "perplexity");
   std::string model_dir = default_model_dir(), file;
   PerplexityOptions options;
   int threads = 0;
@@ -57,16 +58,19 @@ int perplexity_main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   const PerplexityResult r = run_perplexity(
       *model, tokens, options, [&](int64_t done, int64_t total, const PerplexityStats& s) {
-        if (tty) std::fprintf(stderr, "\rchunk %lld/%lld  ppl %.4f", (long long)done, (long long)total, s.ppl());
+        if (tty)
+          std::fprintf(stderr, "\rchunk %lld/%lld  ppl %.4f", (long long)done, (long long)total,
+                       s.ppl());
       });
   if (tty) std::fprintf(stderr, "\n");
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   const PerplexityStats& s = r.stats;
   if (json) {
-    nlohmann::json out = {{"ppl", s.ppl()}, {"tokens", s.tokens}, {"chunks", r.chunks},
-                          {"context", options.context}, {"kv_scheme", r.kv_scheme},
-                          {"seconds", seconds}};
+    nlohmann::json out = {{"ppl", s.ppl()},           {"tokens", s.tokens},
+                          {"chunks", r.chunks},       {"context", options.context},
+                          {"kv_scheme", r.kv_scheme}, {"seconds", seconds}};
     if (r.quantized) {
       out["ppl_dense"] = s.dense_ppl();
       out["kld_mean"] = s.kld_mean();
@@ -76,8 +80,8 @@ int perplexity_main(int argc, char** argv) {
     std::printf("%s\n", out.dump().c_str());
     return 0;
   }
-  std::printf("tokens %lld in %lld chunks of %d, %.1f s\n", (long long)s.tokens, (long long)r.chunks,
-              options.context, seconds);
+  std::printf("tokens %lld in %lld chunks of %d, %.1f s\n", (long long)s.tokens,
+              (long long)r.chunks, options.context, seconds);
   if (!r.quantized) {
     std::printf("ppl %.4f\n", s.ppl());
     return 0;

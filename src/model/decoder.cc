@@ -18,7 +18,9 @@ constexpr int kMaxStepTokens = 512;
 // Rows of logits computed per lm_head matmul (bounds the scratch for large vocabularies).
 constexpr int64_t kLogitRowsPerBatch = 64;
 
-const float* data_or_null(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
+const float* data_or_null(const std::vector<float>& v) {
+  return v.empty() ? nullptr : v.data();
+}
 
 void add_in_place(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
@@ -125,7 +127,8 @@ DecoderModel::DecoderModel(ModelConfig config, WeightStore weights)
       MoeWeights moe;
       moe.router = weights_.matrix(p + "mlp.gate.weight", c.num_experts, H);
       for (int e = 0; e < c.num_experts; ++e) {
-        moe.experts.push_back(mlp_weights(str_cat(p, "mlp.experts.", e, "."), c.moe_intermediate_size));
+        moe.experts.push_back(
+            mlp_weights(str_cat(p, "mlp.experts.", e, "."), c.moe_intermediate_size));
       }
       moe.top_k = c.num_experts_per_token;
       moe.norm_topk_prob = c.norm_topk_prob;
@@ -139,7 +142,8 @@ DecoderModel::DecoderModel(ModelConfig config, WeightStore weights)
 std::vector<LayerSpec> DecoderModel::layer_specs() const {
   std::vector<LayerSpec> specs;
   for (int l = 0; l < config_.num_layers; ++l) {
-    specs.push_back(LayerSpec{config_.num_kv_heads, config_.head_dim, config_.sliding_window[size_t(l)]});
+    specs.push_back(
+        LayerSpec{config_.num_kv_heads, config_.head_dim, config_.sliding_window[size_t(l)]});
   }
   return specs;
 }
@@ -209,7 +213,7 @@ void DecoderModel::attention_block(const LayerWeights& L, int index,
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, hd = c.head_dim;
   const int64_t q_dim = c.num_heads * hd, kv_dim = c.num_kv_heads * hd;
-  std::vector<float> xn(size_t(T * H));  // [T, H]
+  std::vector<float> xn(size_t(T * H));                              // [T, H]
   std::vector<float> q(size_t(T * q_dim)), attn(size_t(T * q_dim));  // [T, heads, hd]
   std::vector<float> k(size_t(T * kv_dim)), v(size_t(T * kv_dim));   // [T, kv_heads, hd]
   rms_norm(x, T, H, L.input_norm.data(), float(c.rms_norm_eps), xn.data());
@@ -252,8 +256,8 @@ void DecoderModel::feed_forward_block(const LayerWeights& L, int64_t T, float* x
   const int64_t H = c.hidden_size;
   const float eps = float(c.rms_norm_eps);
   std::vector<float> xn(size_t(T * H)), out(size_t(T * H));  // [T, H]
-  rms_norm(x, T, H, (c.sandwich_norms ? L.pre_feedforward_norm : L.post_attention_norm).data(),
-           eps, xn.data());
+  rms_norm(x, T, H, (c.sandwich_norms ? L.pre_feedforward_norm : L.post_attention_norm).data(), eps,
+           xn.data());
   if (L.moe) {
     moe_forward(*L.moe, c.activation, xn.data(), T, H, out.data());
   } else {
@@ -284,8 +288,8 @@ void DecoderModel::write_logits(const std::vector<Slice>& slices, const float* x
   }
   for (size_t b = 0; b < rows.size(); b += size_t(kLogitRowsPerBatch)) {
     const int64_t n = std::min<int64_t>(kLogitRowsPerBatch, int64_t(rows.size() - b));
-    std::vector<float> xs(size_t(n * H));       // [n, H]
-    std::vector<float> logits(size_t(n * V));   // [n, V]
+    std::vector<float> xs(size_t(n * H));      // [n, H]
+    std::vector<float> logits(size_t(n * V));  // [n, V]
     for (int64_t i = 0; i < n; ++i) {
       std::memcpy(xs.data() + i * H, x + rows[b + size_t(i)] * H, size_t(H) * sizeof(float));
     }

@@ -27,17 +27,21 @@ bool is_quantized(const KVCache& cache) {
 
 }  // namespace
 
-double PerplexityStats::ppl() const { return std::exp(nll_sum / double(std::max<int64_t>(tokens, 1))); }
+double PerplexityStats::ppl() const {
+  return std::exp(nll_sum / double(std::max<int64_t>(tokens, 1)));
+}
 double PerplexityStats::dense_ppl() const {
   return std::exp(dense_nll_sum / double(std::max<int64_t>(tokens, 1)));
 }
-double PerplexityStats::kld_mean() const { return kld_sum / double(std::max<int64_t>(tokens, 1)); }
+double PerplexityStats::kld_mean() const {
+  return kld_sum / double(std::max<int64_t>(tokens, 1));
+}
 double PerplexityStats::top1_agreement() const {
   return double(top1_agree) / double(std::max<int64_t>(tokens, 1));
 }
 
-void score_logits(const float* logits, const float* dense_logits, const int32_t* targets,
-                  int64_t n, int vocab, PerplexityStats& stats) {
+void score_logits(const float* logits, const float* dense_logits, const int32_t* targets, int64_t n,
+                  int vocab, PerplexityStats& stats) {
   std::vector<double> logp, dense_logp;  // [vocab]
   for (int64_t r = 0; r < n; ++r) {
     const float* row = logits + r * vocab;
@@ -70,7 +74,8 @@ PerplexityResult run_perplexity(
     throw InvalidArgument(str_cat("max_chunks ", options.max_chunks, " must be >= 0"));
   }
   if (options.tokens_per_forward < 1) {
-    throw InvalidArgument(str_cat("tokens_per_forward ", options.tokens_per_forward, " must be >= 1"));
+    throw InvalidArgument(
+        str_cat("tokens_per_forward ", options.tokens_per_forward, " must be >= 1"));
   }
   PerplexityResult result;
   result.chunks = (int64_t(tokens.size()) - 1) / C;
@@ -112,7 +117,8 @@ PerplexityResult run_perplexity(
     }
     if (progress) progress(chunk + 1, result.chunks, result.stats);
   }
-  if (quant_elements > 0) result.kv_bits_effective = 8.0 * double(quant_bytes) / double(quant_elements);
+  if (quant_elements > 0)
+    result.kv_bits_effective = 8.0 * double(quant_bytes) / double(quant_elements);
   return result;
 }
 

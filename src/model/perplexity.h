@@ -31,14 +31,14 @@ struct PerplexityStats {
 };
 
 // Scores n rows: logits [n, vocab], targets [n]; dense_logits [n, vocab] or null.
-void score_logits(const float* logits, const float* dense_logits, const int32_t* targets,
-                  int64_t n, int vocab, PerplexityStats& stats);
+void score_logits(const float* logits, const float* dense_logits, const int32_t* targets, int64_t n,
+                  int vocab, PerplexityStats& stats);
 
 struct PerplexityOptions {
-  int context = 1024;                // C
-  int64_t max_chunks = 0;            // 0: all chunks the tokens allow
-  std::optional<KVOptions> kv;       // none: dense only
-  int tokens_per_forward = 256;      // a chunk is fed in pieces this long (bounds logits memory)
+  int context = 1024;            // C
+  int64_t max_chunks = 0;        // 0: all chunks the tokens allow
+  std::optional<KVOptions> kv;   // none: dense only
+  int tokens_per_forward = 256;  // a chunk is fed in pieces this long (bounds logits memory)
 };
 
 struct PerplexityResult {

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
@@ -25,7 +24,9 @@ struct Golden {
   float logits_tolerance;
 };
 
-int32_t argmax(const float* v, int n) { return int32_t(std::max_element(v, v + n) - v); }
+int32_t argmax(const float* v, int n) {
+  return int32_t(std::max_element(v, v + n) - v);
+}
 
 void check_golden(const Golden& g) {
   std::unique_ptr<Model> model = Model::load(g.model_dir);
@@ -43,7 +44,8 @@ void check_golden(const Golden& g) {
   Model::Chunk chunk{ids.data(), n, &caches, logits.data(), true};
   model->forward({&chunk, 1});
   float max_diff = 0;
-  for (size_t i = 0; i < logits.size(); ++i) max_diff = std::max(max_diff, std::abs(logits[i] - want[i]));
+  for (size_t i = 0; i < logits.size(); ++i)
+    max_diff = std::max(max_diff, std::abs(logits[i] - want[i]));
   EXPECT_LE(max_diff, g.logits_tolerance) << g.model_dir;
 
   // `generated` holds only the new tokens (its length is the number generated).
@@ -79,7 +81,8 @@ INSTANTIATE_TEST_SUITE_P(Families, HfTinyGolden,
 TEST(Gemma2Golden, MatchesTransformersSdpaWithoutAttentionSoftcap) {
   namespace fs = std::filesystem;
   const fs::path src = fixture("hf-tiny/gemma2");
-  const fs::path dir = fs::temp_directory_path() / ("turbokv_gemma2_sdpa_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("turbokv_gemma2_sdpa_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   for (const char* f : {"model.safetensors", "generation_config.json"}) {
     fs::copy_file(src / f, dir / f, fs::copy_options::overwrite_existing);
@@ -106,7 +109,8 @@ TEST(TinycodeGolden, LogitsAndGreedyTokensMatchTransformers) {
 // the logits of one whole-prompt forward.
 TEST(BatchedForward, ChunksAndSplitPromptsAgreeWithOneSequence) {
   std::unique_ptr<Model> model = Model::load(fixture("hf-tiny/gemma2"));
-  const SafetensorsFile ref = SafetensorsFile::open(fixture("hf-tiny/gemma2/reference.safetensors"));
+  const SafetensorsFile ref =
+      SafetensorsFile::open(fixture("hf-tiny/gemma2/reference.safetensors"));
   const std::vector<int64_t> ids64 = SafetensorsFile::to_i64(ref.at("input_ids"));
   const std::vector<int32_t> ids(ids64.begin(), ids64.end());
   const int V = model->info().vocab_size, n = int(ids.size());

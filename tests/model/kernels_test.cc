@@ -166,7 +166,8 @@ TEST(Activation, MatchesReferenceAndKnownValues) {
     std::vector<float> got(gate.size()), want(gate.size());
     gated_activation(gate.data(), up.data(), int64_t(gate.size()), act, got.data());
     gated_activation_ref(gate.data(), up.data(), int64_t(gate.size()), act, want.data());
-    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-6f * (1 + std::abs(want[i])));
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 2e-6f * (1 + std::abs(want[i])));
   }
   // silu(1) = 1 / (1 + e^-1); gelu_tanh(1) = 0.8411919906 (torch gelu approximate="tanh").
   const float one = 1.0f;

@@ -1,12 +1,13 @@
 // Perplexity scoring: log-softmax, KL and top-1 on hand-computed rows, and run_perplexity's
 // chunking (DESIGN §4) against one forward per chunk scored independently.
+#include "model/perplexity.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "core/error.h"
 #include "core/safetensors.h"
-#include "model/perplexity.h"
 #include "test_util.h"
 
 namespace turbokv {
@@ -31,7 +32,8 @@ TEST(ScoreLogits, HandComputedRow) {
 
 TEST(RunPerplexity, ChunksAreFreshSequencesScoredOnTheirNextTokens) {
   std::unique_ptr<Model> model = Model::load(testing::fixture("hf-tiny/llama"));
-  const SafetensorsFile ref = SafetensorsFile::open(testing::fixture("hf-tiny/llama/reference.safetensors"));
+  const SafetensorsFile ref =
+      SafetensorsFile::open(testing::fixture("hf-tiny/llama/reference.safetensors"));
   const std::vector<int64_t> ids64 = SafetensorsFile::to_i64(ref.at("input_ids"));
   const std::vector<int32_t> ids(ids64.begin(), ids64.end());  // 24 tokens
   const int V = model->info().vocab_size;
@@ -49,8 +51,8 @@ TEST(RunPerplexity, ChunksAreFreshSequencesScoredOnTheirNextTokens) {
   options.context = 7;
   options.tokens_per_forward = 3;  // pieces of a chunk go through the caches in turn
   int64_t calls = 0;
-  const PerplexityResult r = run_perplexity(*model, ids, options,
-                                            [&](int64_t, int64_t, const PerplexityStats&) { ++calls; });
+  const PerplexityResult r = run_perplexity(
+      *model, ids, options, [&](int64_t, int64_t, const PerplexityStats&) { ++calls; });
   EXPECT_EQ(r.chunks, 3);
   EXPECT_EQ(calls, 3);
   EXPECT_EQ(r.stats.tokens, 21);

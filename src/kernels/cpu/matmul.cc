@@ -1,5 +1,7 @@
 // Fast matmul (see matmul.h): AVX2 dot products for few activation rows, OpenBLAS sgemm on
 // widened weight panels for many. Both split the output features over the thread pool.
+#include "kernels/cpu/matmul.h"
+
 #include <cblas.h>
 
 #include <algorithm>
@@ -9,7 +11,6 @@
 #include "core/cpu.h"
 #include "core/error.h"
 #include "core/threads.h"
-#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_avx2.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
@@ -50,8 +51,8 @@ void gemm_panels(const float* x, int64_t m, const WeightMatrix& w, float* y) {
         widen_rows(w, p, rows, panel.data());
         wp = panel.data();
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(rows), int(w.cols), 1.0f,
-                  x, int(w.cols), wp, int(w.cols), 0.0f, y + p, int(w.rows));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(rows), int(w.cols), 1.0f, x,
+                  int(w.cols), wp, int(w.cols), 0.0f, y + p, int(w.rows));
     }
   });
 }
@@ -62,9 +63,8 @@ void matmul(const float* x, int64_t m, const WeightMatrix& w, const float* bias,
   check_weight(w);
   if (m <= 0 || w.rows <= 0) return;
   if (cpu_has_avx2() && m < kGemmMinRows) {
-    parallel_for(w.rows, 16, [&](int64_t begin, int64_t end) {
-      avx2::matmul_rows(x, m, w, begin, end, y);
-    });
+    parallel_for(w.rows, 16,
+                 [&](int64_t begin, int64_t end) { avx2::matmul_rows(x, m, w, begin, end, y); });
   } else {
     gemm_panels(x, m, w, y);
   }
@@ -87,8 +87,8 @@ void widen_rows(const WeightMatrix& w, int64_t begin, int64_t count, float* out)
 void gather_rows(const WeightMatrix& w, const int32_t* rows, int64_t n, float scale, float* out) {
   for (int64_t i = 0; i < n; ++i) {
     if (rows[i] < 0 || rows[i] >= w.rows) {
-      throw InvalidArgument(str_cat("token id ", rows[i], " is outside the vocabulary [0, ",
-                                    w.rows, ")"));
+      throw InvalidArgument(
+          str_cat("token id ", rows[i], " is outside the vocabulary [0, ", w.rows, ")"));
     }
     float* row = out + i * w.cols;
     widen_rows(w, rows[i], 1, row);

@@ -34,7 +34,8 @@ void matmul_ref(const float* x, int64_t m, const WeightMatrix& w, const float* b
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t n = 0; n < w.rows; ++n) {
       double sum = bias != nullptr ? bias[n] : 0.0;
-      for (int64_t k = 0; k < w.cols; ++k) sum += double(x[i * w.cols + k]) * weight_at(w, n * w.cols + k);
+      for (int64_t k = 0; k < w.cols; ++k)
+        sum += double(x[i * w.cols + k]) * weight_at(w, n * w.cols + k);
       y[i * w.rows + n] = float(sum);
     }
   }
@@ -48,8 +49,8 @@ void gather_rows_ref(const WeightMatrix& w, const int32_t* rows, int64_t n, floa
                      float* out) {
   for (int64_t i = 0; i < n; ++i) {
     if (rows[i] < 0 || rows[i] >= w.rows) {
-      throw InvalidArgument(str_cat("token id ", rows[i], " is outside the vocabulary [0, ",
-                                    w.rows, ")"));
+      throw InvalidArgument(
+          str_cat("token id ", rows[i], " is outside the vocabulary [0, ", w.rows, ")"));
     }
     for (int64_t k = 0; k < w.cols; ++k) {
       out[i * w.cols + k] = scale * weight_at(w, rows[i] * w.cols + k);
