@@ -10,6 +10,12 @@
 
 namespace turbokv {
 
+// Dense and rotating caches store f16 (DESIGN: "kv_bits = None -> dense fp16 cache").
 LayerCaches make_layer_caches(const std::vector<LayerSpec>& layers, const ResolvedKV& kv);
+
+// Same, with the element type of the dense and rotating caches chosen by the caller (kF32 for
+// exact comparisons against fp32 reference logits).
+LayerCaches make_layer_caches(const std::vector<LayerSpec>& layers, const ResolvedKV& kv,
+                              KVDType dense_dtype);
 
 }  // namespace turbokv

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/attention.h"
 #include "turbokv/kv_options.h"
 
 namespace turbokv {
@@ -25,12 +26,8 @@ struct LayerSpec {
   int sliding_window = 0;  // 0: global attention; W > 0: a query at p sees keys in (p - W, p]
 };
 
-struct AttentionParams {
-  int n_heads = 0;           // query heads
-  float scale = 0;           // score = scale * <q, k>
-  float logit_softcap = 0;   // > 0: score = cap * tanh(score / cap) (gemma2)
-  int sliding_window = 0;    // as in LayerSpec
-};
+// AttentionParams (n_heads, scale, logit_softcap, sliding_window) lives with the kernels:
+// kernels/cpu/attention.h.
 
 class KVCache {
  public:
@@ -51,8 +48,18 @@ class KVCache {
 
   // Attention for n_q queries at the last n_q positions appended (causal, plus the sliding
   // window of params). out may not alias q.
-  virtual void attend(const float* q, int n_q, const AttentionParams& params,
-                      float* out) const = 0;
+  virtual void attend(const float* q, int n_q, const AttentionParams& params, float* out) const = 0;
+
+  // append() for callers that know the shape of k and v: throws InvalidArgument naming the
+  // mismatch when kv_heads or head_dim differ from the cache's, or n_tokens < 0.
+  void append_checked(const float* k, const float* v, int n_tokens, int kv_heads, int head_dim);
+
+ protected:
+  // Throws InvalidArgument unless 0 <= n_tokens and k, v are non-null when n_tokens > 0.
+  void check_append(const float* k, const float* v, int n_tokens) const;
+  // Throws InvalidArgument unless 1 <= n_q <= size(), n_heads is a positive multiple of
+  // kv_heads(), and the sliding window is not negative.
+  void check_attend(const float* q, int n_q, const AttentionParams& params, const float* out) const;
 };
 
 // One sequence's caches, one per layer.

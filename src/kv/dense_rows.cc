@@ -1,0 +1,106 @@
+#include "kv/dense_rows.h"
+
+#include <cstring>
+
+#include "core/half.h"
+
+namespace turbokv {
+namespace {
+
+void store_row(KVDType dtype, const float* src, int n, uint8_t* dst) {
+  switch (dtype) {
+    case KVDType::kF32:
+      std::memcpy(dst, src, sizeof(float) * n);
+      return;
+    case KVDType::kF16: {
+      auto* out = reinterpret_cast<uint16_t*>(dst);
+      for (int i = 0; i < n; ++i) out[i] = f32_to_f16(src[i]);
+      return;
+    }
+    case KVDType::kBF16: {
+      auto* out = reinterpret_cast<uint16_t*>(dst);
+      for (int i = 0; i < n; ++i) out[i] = f32_to_bf16(src[i]);
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+DenseRows::DenseRows(KVDType dtype, int kv_heads, int head_dim)
+    : dtype_(dtype), kv_heads_(kv_heads), head_dim_(head_dim) {}
+
+size_t DenseRows::row_bytes() const {
+  return kv_dtype_bytes(dtype_) * head_dim_;
+}
+
+size_t DenseRows::nbytes() const {
+  return 2 * row_bytes() * kv_heads_ * rows_;
+}
+
+void DenseRows::reserve(int64_t rows) {
+  if (rows <= capacity_) return;
+  const int64_t new_capacity = (rows + kCapacityStep - 1) / kCapacityStep * kCapacityStep;
+  const size_t head_bytes = row_bytes() * new_capacity;
+  for (auto* buffer : {&keys_, &values_}) {
+    std::vector<uint8_t> grown(head_bytes * kv_heads_);
+    for (int h = 0; h < kv_heads_; ++h) {
+      std::memcpy(grown.data() + h * head_bytes, buffer->data() + h * row_bytes() * capacity_,
+                  row_bytes() * rows_);
+    }
+    buffer->swap(grown);
+  }
+  capacity_ = new_capacity;
+}
+
+void DenseRows::append(const float* k, const float* v, int64_t n) {
+  reserve(rows_ + n);
+  const size_t head_bytes = row_bytes() * capacity_;
+  for (int64_t t = 0; t < n; ++t) {
+    for (int h = 0; h < kv_heads_; ++h) {
+      const int64_t src = (t * kv_heads_ + h) * head_dim_;
+      const size_t dst = h * head_bytes + (rows_ + t) * row_bytes();
+      store_row(dtype_, k + src, head_dim_, keys_.data() + dst);
+      store_row(dtype_, v + src, head_dim_, values_.data() + dst);
+    }
+  }
+  rows_ += n;
+}
+
+void DenseRows::drop_newest(int64_t n) {
+  rows_ -= n;
+}
+
+void DenseRows::drop_oldest(int64_t n) {
+  const size_t head_bytes = row_bytes() * capacity_;
+  for (auto* buffer : {&keys_, &values_}) {
+    for (int h = 0; h < kv_heads_; ++h) {
+      uint8_t* head = buffer->data() + h * head_bytes;
+      std::memmove(head, head + n * row_bytes(), (rows_ - n) * row_bytes());
+    }
+  }
+  rows_ -= n;
+}
+
+const uint8_t* DenseRows::key_head(int h) const {
+  return keys_.data() + h * row_bytes() * capacity_;
+}
+
+const uint8_t* DenseRows::value_head(int h) const {
+  return values_.data() + h * row_bytes() * capacity_;
+}
+
+DenseKVView DenseRows::view(int64_t first_pos) const {
+  DenseKVView view;
+  view.dtype = dtype_;
+  view.k = keys_.data();
+  view.v = values_.data();
+  view.kv_heads = kv_heads_;
+  view.head_dim = head_dim_;
+  view.head_stride = capacity_;
+  view.n_tokens = rows_;
+  view.first_pos = first_pos;
+  return view;
+}
+
+}  // namespace turbokv
