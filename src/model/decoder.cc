@@ -37,8 +37,9 @@ float round_to_dtype(float v, DType dtype) {
 
 void mlp_forward(const MlpWeights& w, Activation act, const float* x, int64_t n, float* out) {
   std::vector<float> gate(size_t(n * w.gate.rows)), up(size_t(n * w.up.rows));  // [n, I]
-  matmul(x, n, w.gate, data_or_null(w.gate_bias), gate.data());
-  matmul(x, n, w.up, data_or_null(w.up_bias), up.data());
+  const MatmulJob gate_up[] = {{x, w.gate, data_or_null(w.gate_bias), gate.data()},
+                               {x, w.up, data_or_null(w.up_bias), up.data()}};
+  matmul_many(n, gate_up);
   gated_activation(gate.data(), up.data(), int64_t(gate.size()), act, gate.data());
   matmul(gate.data(), n, w.down, data_or_null(w.down_bias), out);
 }
@@ -217,9 +218,10 @@ void DecoderModel::attention_block(const LayerWeights& L, int index,
   std::vector<float> q(size_t(T * q_dim)), attn(size_t(T * q_dim));  // [T, heads, hd]
   std::vector<float> k(size_t(T * kv_dim)), v(size_t(T * kv_dim));   // [T, kv_heads, hd]
   rms_norm(x, T, H, L.input_norm.data(), float(c.rms_norm_eps), xn.data());
-  matmul(xn.data(), T, L.q, data_or_null(L.q_bias), q.data());
-  matmul(xn.data(), T, L.k, data_or_null(L.k_bias), k.data());
-  matmul(xn.data(), T, L.v, data_or_null(L.v_bias), v.data());
+  const MatmulJob qkv[] = {{xn.data(), L.q, data_or_null(L.q_bias), q.data()},
+                           {xn.data(), L.k, data_or_null(L.k_bias), k.data()},
+                           {xn.data(), L.v, data_or_null(L.v_bias), v.data()}};
+  matmul_many(T, qkv);
   if (c.qk_norm) {
     rms_norm(q.data(), T * c.num_heads, hd, L.q_norm.data(), float(c.rms_norm_eps), q.data());
     rms_norm(k.data(), T * c.num_kv_heads, hd, L.k_norm.data(), float(c.rms_norm_eps), k.data());
