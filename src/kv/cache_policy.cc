@@ -24,8 +24,8 @@ LayerCaches make_layer_caches(const std::vector<LayerSpec>& layers, const Resolv
     } else if (kv.scheme == KVScheme::kDense || (last && kv.last_layer_dense)) {
       caches.push_back(std::make_unique<DenseKVCache>(spec.kv_heads, spec.head_dim, dense_dtype));
     } else {
-      throw Unsupported(str_cat("KV scheme ", kv_scheme_name(kv.scheme),
-                                " is not available yet in this build"));
+      throw Unsupported(
+          str_cat("KV scheme ", kv_scheme_name(kv.scheme), " is not available yet in this build"));
     }
   }
   return caches;

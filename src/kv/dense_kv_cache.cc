@@ -42,7 +42,7 @@ void DenseKVCache::trim(int64_t n) {
 void DenseKVCache::attend(const float* q, int n_q, const AttentionParams& params,
                           float* out) const {
   check_attend(q, n_q, params, out);
-  attention_reference(view(), AttentionQueries{q, n_q, size() - n_q}, params, out);
+  attention_dense(view(), AttentionQueries{q, n_q, size() - n_q}, params, out);
 }
 
 RotatingKVCache::RotatingKVCache(int kv_heads, int head_dim, int window, KVDType dtype)
@@ -70,8 +70,8 @@ void RotatingKVCache::trim(int64_t n) {
   const int64_t held_after = rows_.rows() - n;
   if (held_after < std::min<int64_t>(size_ - n, window_ - 1)) {
     throw Unsupported(str_cat("trim(", n, ") on a sliding-window cache holding ", rows_.rows(),
-                              " positions would need positions evicted earlier (window ",
-                              window_, ")"));
+                              " positions would need positions evicted earlier (window ", window_,
+                              ")"));
   }
   rows_.drop_newest(n);
   size_ -= n;
@@ -86,7 +86,7 @@ void RotatingKVCache::attend(const float* q, int n_q, const AttentionParams& par
   }
   AttentionParams windowed = params;
   windowed.sliding_window = window_;
-  attention_reference(view(), AttentionQueries{q, n_q, size_ - n_q}, windowed, out);
+  attention_dense(view(), AttentionQueries{q, n_q, size_ - n_q}, windowed, out);
 }
 
 }  // namespace turbokv

@@ -30,9 +30,13 @@ void store_row(KVDType dtype, const float* src, int n, uint8_t* dst) {
 DenseRows::DenseRows(KVDType dtype, int kv_heads, int head_dim)
     : dtype_(dtype), kv_heads_(kv_heads), head_dim_(head_dim) {}
 
-size_t DenseRows::row_bytes() const { return kv_dtype_bytes(dtype_) * head_dim_; }
+size_t DenseRows::row_bytes() const {
+  return kv_dtype_bytes(dtype_) * head_dim_;
+}
 
-size_t DenseRows::nbytes() const { return 2 * row_bytes() * kv_heads_ * rows_; }
+size_t DenseRows::nbytes() const {
+  return 2 * row_bytes() * kv_heads_ * rows_;
+}
 
 void DenseRows::reserve(int64_t rows) {
   if (rows <= capacity_) return;
@@ -63,7 +67,9 @@ void DenseRows::append(const float* k, const float* v, int64_t n) {
   rows_ += n;
 }
 
-void DenseRows::drop_newest(int64_t n) { rows_ -= n; }
+void DenseRows::drop_newest(int64_t n) {
+  rows_ -= n;
+}
 
 void DenseRows::drop_oldest(int64_t n) {
   const size_t head_bytes = row_bytes() * capacity_;

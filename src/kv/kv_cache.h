@@ -48,8 +48,7 @@ class KVCache {
 
   // Attention for n_q queries at the last n_q positions appended (causal, plus the sliding
   // window of params). out may not alias q.
-  virtual void attend(const float* q, int n_q, const AttentionParams& params,
-                      float* out) const = 0;
+  virtual void attend(const float* q, int n_q, const AttentionParams& params, float* out) const = 0;
 
   // append() for callers that know the shape of k and v: throws InvalidArgument naming the
   // mismatch when kv_heads or head_dim differ from the cache's, or n_tokens < 0.
@@ -60,8 +59,7 @@ class KVCache {
   void check_append(const float* k, const float* v, int n_tokens) const;
   // Throws InvalidArgument unless 1 <= n_q <= size(), n_heads is a positive multiple of
   // kv_heads(), and the sliding window is not negative.
-  void check_attend(const float* q, int n_q, const AttentionParams& params,
-                    const float* out) const;
+  void check_attend(const float* q, int n_q, const AttentionParams& params, const float* out) const;
 };
 
 // One sequence's caches, one per layer.

@@ -2,6 +2,9 @@
 //
 //   attention_reference: slow, obvious scalar reference (fp32 accumulation, two-pass softmax).
 //                        Every fast kernel is tested against it.
+//   attention_dense:     the fast kernel for dense caches (f32/f16/bf16): decode and prefill,
+//                        split-K over the keys with an online-softmax merge, GQA-shared passes,
+//                        AVX2 or scalar (attention_core.h).
 //
 // Masks: the query at position p sees the key at position t iff t <= p (causal) and, with a
 // sliding window W > 0, t > p - W. Gemma2 logit soft-capping: s = cap * tanh(s / cap).
@@ -50,8 +53,19 @@ inline bool attention_visible(int64_t q_pos, int64_t k_pos, int sliding_window) 
   return k_pos <= q_pos && (sliding_window <= 0 || k_pos > q_pos - sliding_window);
 }
 
+// Instruction set of a fast kernel. Tests run every one; callers take best_attention_isa().
+enum class AttentionIsa { kScalar, kAvx2 };
+// kAvx2 when the CPU has AVX2+FMA+F16C (and TURBOKV_FORCE_SCALAR is unset), else kScalar.
+AttentionIsa best_attention_isa();
+
 // out: [n_q, n_heads, head_dim]. A query that sees no key gets a zero row.
 void attention_reference(const DenseKVView& kv, const AttentionQueries& queries,
                          const AttentionParams& params, float* out);
+
+// Same contract as attention_reference. kAvx2 falls back to scalar where the CPU lacks AVX2
+// or head_dim % 8 != 0.
+void attention_dense(const DenseKVView& kv, const AttentionQueries& queries,
+                     const AttentionParams& params, float* out,
+                     AttentionIsa isa = best_attention_isa());
 
 }  // namespace turbokv

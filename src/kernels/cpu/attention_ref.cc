@@ -22,7 +22,9 @@ const char* kv_dtype_name(KVDType dtype) {
   return "?";
 }
 
-size_t kv_dtype_bytes(KVDType dtype) { return dtype == KVDType::kF32 ? 4 : 2; }
+size_t kv_dtype_bytes(KVDType dtype) {
+  return dtype == KVDType::kF32 ? 4 : 2;
+}
 
 namespace {
 
@@ -55,9 +57,11 @@ void attention_reference(const DenseKVView& kv, const AttentionQueries& queries,
       for (int64_t t = 0; t < kv.n_tokens; ++t) {
         if (!attention_visible(q_pos, kv.first_pos + t, params.sliding_window)) continue;
         float dot = 0;
-        for (int c = 0; c < d; ++c) dot += q[c] * load_element(kv.dtype, kv.k, (head_base + t) * d + c);
+        for (int c = 0; c < d; ++c)
+          dot += q[c] * load_element(kv.dtype, kv.k, (head_base + t) * d + c);
         float s = params.scale * dot;
-        if (params.logit_softcap > 0) s = params.logit_softcap * std::tanh(s / params.logit_softcap);
+        if (params.logit_softcap > 0)
+          s = params.logit_softcap * std::tanh(s / params.logit_softcap);
         scores[t] = s;
         max_score = std::max(max_score, s);
       }
@@ -68,7 +72,8 @@ void attention_reference(const DenseKVView& kv, const AttentionQueries& queries,
         if (!attention_visible(q_pos, kv.first_pos + t, params.sliding_window)) continue;
         const float p = std::exp(scores[t] - max_score);
         sum += p;
-        for (int c = 0; c < d; ++c) o[c] += p * load_element(kv.dtype, kv.v, (head_base + t) * d + c);
+        for (int c = 0; c < d; ++c)
+          o[c] += p * load_element(kv.dtype, kv.v, (head_base + t) * d + c);
       }
       for (int c = 0; c < d; ++c) o[c] /= sum;
     }
