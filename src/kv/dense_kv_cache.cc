@@ -5,22 +5,9 @@
 #include "core/error.h"
 
 namespace turbokv {
-namespace {
-
-void check_dims(int kv_heads, int head_dim) {
-  if (kv_heads < 1 || kv_heads > 1024) {
-    throw InvalidArgument(str_cat("kv_heads ", kv_heads, " is out of range (1..1024)"));
-  }
-  if (head_dim < 1 || head_dim > 1024) {
-    throw InvalidArgument(str_cat("head_dim ", head_dim, " is out of range (1..1024)"));
-  }
-}
-
-}  // namespace
-
 DenseKVCache::DenseKVCache(int kv_heads, int head_dim, KVDType dtype)
     : kv_heads_(kv_heads), head_dim_(head_dim), rows_(dtype, kv_heads, head_dim) {
-  check_dims(kv_heads, head_dim);
+  check_kv_shape(kv_heads, head_dim);
 }
 
 std::string DenseKVCache::type_name() const {
@@ -30,6 +17,18 @@ std::string DenseKVCache::type_name() const {
 void DenseKVCache::append(const float* k, const float* v, int n_tokens) {
   check_append(k, v, n_tokens);
   rows_.append(k, v, n_tokens);
+}
+
+void DenseKVCache::copy_tokens(int64_t first, int64_t n, std::vector<float>* k,
+                               std::vector<float>* v) const {
+  if (first < 0 || n < 0 || first + n > size()) {
+    throw InvalidArgument(
+        str_cat("copy_tokens(", first, ", ", n, ") on a cache of ", size(), " tokens"));
+  }
+  const size_t row = static_cast<size_t>(kv_heads_) * head_dim_;
+  k->resize(row * n);
+  v->resize(row * n);
+  rows_.read_f32(first, n, k->data(), v->data());
 }
 
 void DenseKVCache::trim(int64_t n) {
@@ -47,7 +46,7 @@ void DenseKVCache::attend(const float* q, int n_q, const AttentionParams& params
 
 RotatingKVCache::RotatingKVCache(int kv_heads, int head_dim, int window, KVDType dtype)
     : kv_heads_(kv_heads), head_dim_(head_dim), window_(window), rows_(dtype, kv_heads, head_dim) {
-  check_dims(kv_heads, head_dim);
+  check_kv_shape(kv_heads, head_dim);
   if (window < 1) {
     throw InvalidArgument(str_cat("sliding window ", window, " must be >= 1"));
   }

@@ -2,6 +2,8 @@
 // a sliding window of positions for sliding-window layers and is never quantized.
 #pragma once
 
+#include <vector>
+
 #include "kv/dense_rows.h"
 #include "kv/kv_cache.h"
 
@@ -22,6 +24,8 @@ class DenseKVCache : public KVCache {
 
   KVDType dtype() const { return rows_.dtype(); }
   DenseKVView view() const { return rows_.view(0); }
+  // Costly: tokens [first, first + n) as f32, k and v resized to [n, kv_heads, head_dim].
+  void copy_tokens(int64_t first, int64_t n, std::vector<float>* k, std::vector<float>* v) const;
   const DenseRows& rows() const { return rows_; }
 
  private:

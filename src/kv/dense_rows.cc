@@ -25,6 +25,18 @@ void store_row(KVDType dtype, const float* src, int n, uint8_t* dst) {
   }
 }
 
+float load_element(KVDType dtype, const uint8_t* row, int i) {
+  switch (dtype) {
+    case KVDType::kF32:
+      return reinterpret_cast<const float*>(row)[i];
+    case KVDType::kF16:
+      return f16_to_f32(reinterpret_cast<const uint16_t*>(row)[i]);
+    case KVDType::kBF16:
+      return bf16_to_f32(reinterpret_cast<const uint16_t*>(row)[i]);
+  }
+  return 0;
+}
+
 }  // namespace
 
 DenseRows::DenseRows(KVDType dtype, int kv_heads, int head_dim)
@@ -80,6 +92,20 @@ void DenseRows::drop_oldest(int64_t n) {
     }
   }
   rows_ -= n;
+}
+
+void DenseRows::read_f32(int64_t first, int64_t n, float* k, float* v) const {
+  for (int64_t t = 0; t < n; ++t) {
+    for (int h = 0; h < kv_heads_; ++h) {
+      const int64_t dst = (t * kv_heads_ + h) * head_dim_;
+      const uint8_t* key_row = key_head(h) + (first + t) * row_bytes();
+      const uint8_t* value_row = value_head(h) + (first + t) * row_bytes();
+      for (int i = 0; i < head_dim_; ++i) {
+        k[dst + i] = load_element(dtype_, key_row, i);
+        v[dst + i] = load_element(dtype_, value_row, i);
+      }
+    }
+  }
 }
 
 const uint8_t* DenseRows::key_head(int h) const {

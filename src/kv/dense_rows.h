@@ -29,6 +29,8 @@ class DenseRows {
   void drop_oldest(int64_t n);
 
   DenseKVView view(int64_t first_pos) const;
+  // Rows [first, first + n) as f32 into k, v [n, kv_heads, head_dim].
+  void read_f32(int64_t first, int64_t n, float* k, float* v) const;
 
   // Raw storage of head h: rows() * head_dim elements of dtype().
   const uint8_t* key_head(int h) const;

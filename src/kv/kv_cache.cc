@@ -5,6 +5,15 @@
 
 namespace turbokv {
 
+void check_kv_shape(int kv_heads, int head_dim) {
+  if (kv_heads < 1 || kv_heads > 1024) {
+    throw InvalidArgument(str_cat("kv_heads ", kv_heads, " is out of range (1..1024)"));
+  }
+  if (head_dim < 1 || head_dim > 1024) {
+    throw InvalidArgument(str_cat("head_dim ", head_dim, " is out of range (1..1024)"));
+  }
+}
+
 void KVCache::append_checked(const float* k, const float* v, int n_tokens, int kv_heads,
                              int head_dim) {
   if (kv_heads != this->kv_heads() || head_dim != this->head_dim()) {

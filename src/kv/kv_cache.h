@@ -62,6 +62,9 @@ class KVCache {
   void check_attend(const float* q, int n_q, const AttentionParams& params, const float* out) const;
 };
 
+// Throws InvalidArgument unless 1 <= kv_heads <= 1024 and 1 <= head_dim <= 1024.
+void check_kv_shape(int kv_heads, int head_dim);
+
 // One sequence's caches, one per layer.
 using LayerCaches = std::vector<std::unique_ptr<KVCache>>;
 
