@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "kv/kv_cache.h"
+#include "kv/turboquant_kv_cache.h"
+#include "kv/uniform_kv_cache.h"
 
 namespace turbokv {
 
@@ -17,5 +19,9 @@ LayerCaches make_layer_caches(const std::vector<LayerSpec>& layers, const Resolv
 // exact comparisons against fp32 reference logits).
 LayerCaches make_layer_caches(const std::vector<LayerSpec>& layers, const ResolvedKV& kv,
                               KVDType dense_dtype);
+
+// The cache configurations a ResolvedKV selects.
+TurboQuantKVConfig turboquant_config(const ResolvedKV& kv);
+UniformKVConfig uniform_config(const ResolvedKV& kv);
 
 }  // namespace turbokv

@@ -6,12 +6,13 @@
 namespace turbokv {
 namespace {
 
-quant::UniformCodec make_codec(int kv_heads, int head_dim, const UniformKVConfig& config) {
+quant::UniformCodec make_codec(int kv_heads, int head_dim, int bits, int group_size,
+                               const char* role) {
   check_kv_shape(kv_heads, head_dim);
   try {
-    return quant::UniformCodec(quant::UniformCodecConfig{head_dim, config.bits, config.group_size});
+    return quant::UniformCodec(quant::UniformCodecConfig{head_dim, bits, group_size});
   } catch (const InvalidArgument& e) {
-    throw InvalidArgument(str_cat("uniform KV cache: ", e.what()));
+    throw InvalidArgument(str_cat("uniform KV cache, ", role, ": ", e.what()));
   }
 }
 
@@ -21,18 +22,20 @@ UniformKVCache::UniformKVCache(int kv_heads, int head_dim, const UniformKVConfig
     : kv_heads_(kv_heads),
       head_dim_(head_dim),
       config_(config),
-      codec_(make_codec(kv_heads, head_dim, config)),
-      keys_(kv_heads, codec_.code_bytes(), codec_.params_per_vector()),
-      values_(kv_heads, codec_.code_bytes(), codec_.params_per_vector()) {}
+      key_codec_(make_codec(kv_heads, head_dim, config.key_bits, config.group_size, "keys")),
+      value_codec_(make_codec(kv_heads, head_dim, config.value_bits, config.group_size, "values")),
+      keys_(kv_heads, key_codec_.code_bytes(), key_codec_.params_per_vector()),
+      values_(kv_heads, value_codec_.code_bytes(), value_codec_.params_per_vector()) {}
 
-void UniformKVCache::encode(PackedRows& rows, const float* x, int n_tokens, int64_t first_row) {
+void UniformKVCache::encode(const quant::UniformCodec& codec, PackedRows& rows, const float* x,
+                            int n_tokens, int64_t first_row) {
   const quant::Isa isa = quant::best_isa();
   parallel_for(static_cast<int64_t>(n_tokens) * kv_heads_, 32, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t t = i / kv_heads_;
       const int h = static_cast<int>(i % kv_heads_);
-      codec_.quantize(x + i * head_dim_, rows.codes(h, first_row + t), rows.aux(h, first_row + t),
-                      isa);
+      codec.quantize(x + i * head_dim_, rows.codes(h, first_row + t), rows.aux(h, first_row + t),
+                     isa);
     }
   });
 }
@@ -42,8 +45,8 @@ void UniformKVCache::append(const float* k, const float* v, int n_tokens) {
   if (n_tokens == 0) return;
   const int64_t first = keys_.grow(n_tokens);
   values_.grow(n_tokens);
-  encode(keys_, k, n_tokens, first);
-  encode(values_, v, n_tokens, first);
+  encode(key_codec_, keys_, k, n_tokens, first);
+  encode(value_codec_, values_, v, n_tokens, first);
 }
 
 void UniformKVCache::trim(int64_t n) {
@@ -56,8 +59,8 @@ void UniformKVCache::trim(int64_t n) {
 
 UniformKVView UniformKVCache::view() const {
   UniformKVView view;
-  view.keys = UniformTensorView{keys_.codes(0, 0), keys_.aux(0, 0), &codec_};
-  view.values = UniformTensorView{values_.codes(0, 0), values_.aux(0, 0), &codec_};
+  view.keys = UniformTensorView{keys_.codes(0, 0), keys_.aux(0, 0), &key_codec_};
+  view.values = UniformTensorView{values_.codes(0, 0), values_.aux(0, 0), &value_codec_};
   view.kv_heads = kv_heads_;
   view.head_dim = head_dim_;
   view.head_stride = keys_.capacity();
@@ -79,8 +82,8 @@ DenseKVCache UniformKVCache::to_dense() const {
   for (int64_t t = 0; t < n; ++t) {
     for (int h = 0; h < kv_heads_; ++h) {
       const int64_t i = t * kv_heads_ + h;
-      codec_.dequantize(keys_.codes(h, t), keys_.aux(h, t), &k[i * head_dim_]);
-      codec_.dequantize(values_.codes(h, t), values_.aux(h, t), &v[i * head_dim_]);
+      key_codec_.dequantize(keys_.codes(h, t), keys_.aux(h, t), &k[i * head_dim_]);
+      value_codec_.dequantize(values_.codes(h, t), values_.aux(h, t), &v[i * head_dim_]);
     }
   }
   dense.append(k.data(), v.data(), static_cast<int>(n));

@@ -12,7 +12,8 @@
 namespace turbokv {
 
 struct UniformKVConfig {
-  int bits = 4;         // 2..8, keys and values
+  int key_bits = 4;     // 2..8
+  int value_bits = 4;   // 2..8
   int group_size = 64;  // 32, 64 or 128
 };
 
@@ -32,7 +33,9 @@ class UniformKVCache : public KVCache {
   void attend(const float* q, int n_q, const AttentionParams& params, float* out) const override;
 
   const UniformKVConfig& config() const { return config_; }
-  size_t bytes_per_token_head() const { return 2 * codec_.bytes_per_vector(); }
+  size_t bytes_per_token_head() const {
+    return key_codec_.bytes_per_vector() + value_codec_.bytes_per_vector();
+  }
   // Costly: a dequantized f32 copy of the whole cache.
   DenseKVCache to_dense() const;
   // Costly: quantizes every token of a dense cache in one step (quantized_kv_start).
@@ -46,12 +49,13 @@ class UniformKVCache : public KVCache {
   const PackedRows& value_rows() const { return values_; }
 
  private:
-  void encode(PackedRows& rows, const float* x, int n_tokens, int64_t first_row);
+  void encode(const quant::UniformCodec& codec, PackedRows& rows, const float* x, int n_tokens,
+              int64_t first_row);
 
   int kv_heads_;
   int head_dim_;
   UniformKVConfig config_;
-  quant::UniformCodec codec_;
+  quant::UniformCodec key_codec_, value_codec_;
   PackedRows keys_, values_;
 };
 

@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "kv/cache_policy.h"
 #include "kv/dense_kv_cache.h"
 
 namespace turbokv {
@@ -70,16 +69,6 @@ TEST(RotatingKVCache, ChunkLongerThanWindowSeesEachQueryWindow) {
   }
   EXPECT_EQ(rotating.size(), pos);
   EXPECT_LT(rotating.nbytes(), full.nbytes());
-}
-
-TEST(CachePolicy, DenseSchemeKeepsSlidingLayersRotating) {
-  const std::vector<LayerSpec> layers = {{2, 64, 0}, {2, 64, 16}, {2, 64, 0}};
-  auto caches = make_layer_caches(layers, ResolvedKV{}, KVDType::kF32);
-  ASSERT_EQ(caches.size(), 3u);
-  EXPECT_EQ(caches[0]->type_name(), "dense-f32");
-  EXPECT_EQ(caches[1]->type_name(), "rotating");
-  EXPECT_EQ(caches[2]->type_name(), "dense-f32");
-  EXPECT_EQ(make_layer_caches(layers, ResolvedKV{})[0]->type_name(), "dense-f16");
 }
 
 TEST(KVCacheErrors, WrongShapeIsInvalidArgument) {

@@ -13,7 +13,7 @@ namespace {
 using testing::AttentionCase;
 
 TEST(UniformAttention, EveryIsaMatchesReferenceOnDequantizedCache) {
-  const UniformKVConfig configs[] = {{4, 64}, {2, 32}, {3, 128}, {8, 64}, {4, 32}};
+  const UniformKVConfig configs[] = {{4, 4, 64}, {2, 3, 32}, {3, 4, 128}, {8, 8, 64}, {4, 2, 32}};
   uint32_t seed = 300;
   size_t config_index = 0;
   for (const AttentionCase& c : testing::attention_cases()) {
@@ -29,7 +29,8 @@ TEST(UniformAttention, EveryIsaMatchesReferenceOnDequantizedCache) {
       auto got = testing::output_buffer(c);
       attention_uniform(cache.view(), queries, c.params(), got.data(), isa);
       testing::expect_attention_close(c, expected, got, 1e-4,
-                                      "uniform b" + std::to_string(config.bits) + " g" +
+                                      "uniform K" + std::to_string(config.key_bits) + " V" +
+                                          std::to_string(config.value_bits) + " g" +
                                           std::to_string(config.group_size) +
                                           (isa == AttentionIsa::kAvx2 ? " avx2" : " scalar"));
     }
@@ -37,13 +38,13 @@ TEST(UniformAttention, EveryIsaMatchesReferenceOnDequantizedCache) {
 }
 
 TEST(UniformKVCache, NbytesAndErrors) {
-  UniformKVCache cache(8, 128, {4, 64});
+  UniformKVCache cache(8, 128, {4, 4, 64});
   EXPECT_EQ(cache.bytes_per_token_head(), 2u * (64 + 2 * 2 * 2));  // codes + (scale, min) x 2
   const auto kv = testing::random_normal(size_t(10) * 8 * 128, 1);
   cache.append(kv.data(), kv.data(), 10);
   EXPECT_EQ(cache.nbytes(), 10u * 8 * 144);
-  EXPECT_THROW(UniformKVCache(8, 128, {9, 64}), InvalidArgument);
-  EXPECT_THROW(UniformKVCache(8, 128, {4, 48}), InvalidArgument);
+  EXPECT_THROW(UniformKVCache(8, 128, {9, 4, 64}), InvalidArgument);
+  EXPECT_THROW(UniformKVCache(8, 128, {4, 4, 48}), InvalidArgument);
 }
 
 TEST(UniformKVCache, Append16Then1EqualsAppend17Bitwise) {
@@ -52,7 +53,7 @@ TEST(UniformKVCache, Append16Then1EqualsAppend17Bitwise) {
   const auto k = testing::random_normal(17 * row, 2);
   const auto v = testing::random_normal(17 * row, 3);
   const auto q = testing::random_normal(size_t(heads) * d, 4);
-  UniformKVCache a(kv_heads, d, {4, 32}), b(kv_heads, d, {4, 32});
+  UniformKVCache a(kv_heads, d, {4, 4, 32}), b(kv_heads, d, {4, 4, 32});
   a.append(k.data(), v.data(), 16);
   a.append(k.data() + 16 * row, v.data() + 16 * row, 1);
   b.append(k.data(), v.data(), 17);
