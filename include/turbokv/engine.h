@@ -43,6 +43,10 @@ struct GenerateOptions {
   std::vector<int32_t> stop_token_ids;  // in addition to the model's EOS ids
   bool ignore_eos = false;              // keep going past EOS ids (benchmarks, agreement)
   std::optional<KVOptions> kv;          // overrides the engine's default KV options
+  // Teacher forcing: generated position i feeds forced_tokens[i] to the model instead of the
+  // sampled token (chunks still report the sampled one): how often does a KV scheme pick the
+  // reference's token given the reference's history?
+  std::vector<int32_t> forced_tokens;
 };
 
 // The request queue is full (HTTP 429); the request may be retried later.

@@ -161,12 +161,8 @@ std::unique_ptr<GenerationStream> Scheduler::submit(std::vector<int32_t> prompt,
                                   " tokens, more than the model's context of ", context_length_,
                                   " tokens"));
   }
-  for (int32_t id : prompt) {
-    if (id < 0 || id >= vocab_size_) {
-      throw InvalidArgument(
-          str_cat("token id ", id, " is outside the vocabulary [0, ", vocab_size_, ")"));
-    }
-  }
+  check_token_ids(prompt, "prompt");
+  check_token_ids(options.forced_tokens, "forced_tokens");
   if (options.max_tokens < 1) {
     throw InvalidArgument(str_cat("max_tokens=", options.max_tokens, " must be >= 1"));
   }
@@ -190,6 +186,15 @@ std::unique_ptr<GenerationStream> Scheduler::submit(std::vector<int32_t> prompt,
   }
   cv_.notify_one();
   return std::make_unique<Stream>(req);
+}
+
+void Scheduler::check_token_ids(std::span<const int32_t> ids, const char* what) const {
+  for (int32_t id : ids) {
+    if (id < 0 || id >= vocab_size_) {
+      throw InvalidArgument(
+          str_cat(what, ": token id ", id, " is outside the vocabulary [0, ", vocab_size_, ")"));
+    }
+  }
 }
 
 EngineMetrics Scheduler::metrics() const {
@@ -280,8 +285,10 @@ void Scheduler::on_token(Sequence& seq, int32_t token) {
     finish(seq, FinishReason::kStop, "", -1);
     return;
   }
+  const auto& forced = opt.forced_tokens;
+  const bool force = seq.generated < static_cast<int64_t>(forced.size());
+  seq.history.push_back(force ? forced[seq.generated] : token);
   ++seq.generated;
-  seq.history.push_back(token);
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++metrics_.generated_tokens_total;

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -55,6 +56,7 @@ class Scheduler {
   void finish(Sequence& seq, FinishReason reason, std::string text, int32_t token);
   void on_token(Sequence& seq, int32_t token);
   GenerationStats stats_of(const Sequence& seq) const;
+  void check_token_ids(std::span<const int32_t> ids, const char* what) const;
 
   const Model& model_;
   const Tokenizer& tokenizer_;

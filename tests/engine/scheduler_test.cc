@@ -186,12 +186,30 @@ TEST(Scheduler, ContextLimitEndsWithLength) {
   EXPECT_EQ(r.stats.generated_tokens, 3);
 }
 
+TEST(Scheduler, TeacherForcingFeedsTheForcedTokensAndReportsTheSampledOnes) {
+  Harness h;
+  h.scheduler.start();
+  GenerateOptions o = max_tokens(6);
+  o.ignore_eos = true;
+  o.forced_tokens = {5, 6, 7, 8, 9, 1};
+  auto r = drain(*h.scheduler.submit({2, 3}, o));
+  std::vector<int32_t> history = {2, 3}, want;
+  for (int32_t forced : o.forced_tokens) {
+    want.push_back(testing::fake_next_token(history));
+    history.push_back(forced);
+  }
+  EXPECT_EQ(r.tokens, want);
+}
+
 TEST(Scheduler, BadRequestsAreInvalidArguments) {
   Harness h({}, /*context=*/12);
   EXPECT_THROW(h.scheduler.submit({}, max_tokens(4)), InvalidArgument);
   EXPECT_THROW(h.scheduler.submit(std::vector<int32_t>(13, 1), max_tokens(4)), InvalidArgument);
   EXPECT_THROW(h.scheduler.submit({1, 99}, max_tokens(4)), InvalidArgument);
   EXPECT_THROW(h.scheduler.submit({1}, max_tokens(0)), InvalidArgument);
+  GenerateOptions forced = max_tokens(4);
+  forced.forced_tokens = {1, -1};
+  EXPECT_THROW(h.scheduler.submit({1}, forced), InvalidArgument);
   GenerateOptions hot = max_tokens(4);
   hot.sampling.temperature = -1;
   EXPECT_THROW(h.scheduler.submit({1}, hot), InvalidArgument);

@@ -60,6 +60,7 @@ def test_compare_dense_reports_token_agreement():
     out = json.loads(r.stdout)
     assert out["tokens"] == 16
     assert 0 <= out["agreeing_tokens"] <= 16
+    assert 0 <= out["teacher_forced_agreeing_tokens"] <= 16
     assert out["kv"]["kv_scheme"] == "turboquant"
 
 
