@@ -53,7 +53,8 @@ class StreamDecoder {
   const Tokenizer& tokenizer_;
   bool skip_special_;
   std::vector<int32_t> ids_;
-  size_t emitted_bytes_ = 0;
+  // ids_[prefix_offset_, read_offset_) were emitted last time; ids_[read_offset_, end) are new.
+  size_t prefix_offset_ = 0, read_offset_ = 0;
 };
 
 }  // namespace turbokv
