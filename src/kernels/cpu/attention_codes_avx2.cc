@@ -12,6 +12,14 @@
 namespace turbokv::attention_detail {
 namespace {
 
+// The 4 bytes at p (a group of 8 codes starts there; storage keeps 4 bytes of padding after
+// the last vector) broadcast to all 8 lanes with one load.
+inline __m256i load_group_word(const uint8_t* p) {
+  int32_t word;
+  std::memcpy(&word, p, sizeof(word));
+  return _mm256_set1_epi32(word);
+}
+
 template <int B, bool kApplyNorm>
 void decode_tile_bits(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
                       const uint16_t* norms, int norm_stride, int n, float* out, int d,
@@ -27,11 +35,10 @@ void decode_tile_bits(const CodeSegment& seg, const uint8_t* codes, size_t code_
     const float norm = _cvtsh_ss(norms[i * norm_stride]);
     const __m256 scale = _mm256_set1_ps(norm);
     if constexpr (!kApplyNorm) norms_out[i] = norm;
+#pragma GCC unroll 4
     for (int g = 0; g < groups; ++g) {
-      uint32_t word;
-      std::memcpy(&word, vector_codes + g * B, sizeof(word));  // storage keeps 4 bytes of padding
-      const __m256i idx = _mm256_and_si256(
-          _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shifts), mask);
+      const __m256i idx =
+          _mm256_and_si256(_mm256_srlv_epi32(load_group_word(vector_codes + g * B), shifts), mask);
       __m256 c = _mm256_permutevar8x32_ps(low_table, idx);
       if constexpr (B == 4) {
         const __m256 high = _mm256_permutevar8x32_ps(high_table, idx);
@@ -94,10 +101,8 @@ void decode_uniform(const quant::UniformCodec& codec, const uint8_t* codes, cons
   const int per_group = codec.group_size() / 8;
   for (int g = 0; g < codec.dim() / 8; ++g) {
     const uint16_t* group = params + 2 * (g / per_group);
-    uint32_t word;
-    std::memcpy(&word, codes + g * B, sizeof(word));  // storage keeps 4 bytes of padding
-    const __m256i idx = _mm256_and_si256(
-        _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shifts), mask);
+    const __m256i idx =
+        _mm256_and_si256(_mm256_srlv_epi32(load_group_word(codes + g * B), shifts), mask);
     const __m256 x =
         _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(group[0])), _mm256_cvtepi32_ps(idx)),
                       _mm256_set1_ps(_cvtsh_ss(group[1])));
