@@ -7,6 +7,7 @@
 
 #include "core/half.h"
 #include "kernels/cpu/attention_codes_core.h"
+#include "kernels/cpu/attention_entry.h"
 #include "kernels/cpu/attention_isa_avx2.h"
 
 namespace turbokv::attention_detail {

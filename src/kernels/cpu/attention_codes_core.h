@@ -13,7 +13,10 @@
 #include "quant/codec_mse.h"
 #include "quant/codec_split.h"
 
+// Internal linkage on purpose: every ISA's translation unit compiles these templates and
+// inline helpers with its own flags (-mavx2 or none), and must not share one copy with another.
 namespace turbokv::attention_detail {
+namespace {
 
 // One MSE-coded part of a vector: its codes start code_offset bytes into the vector's codes,
 // its norm is norm word norm_index, and it fills frame [frame_offset, frame_offset + dim).
@@ -183,14 +186,5 @@ void attention_uniform_on(const UniformKVView& kv, const AttentionQueries& queri
   });
 }
 
-void attention_uniform_scalar(const UniformKVView& kv, const AttentionQueries& queries,
-                              const AttentionParams& params, float* out);
-void attention_uniform_avx2(const UniformKVView& kv, const AttentionQueries& queries,
-                            const AttentionParams& params, float* out);
-
-void attention_turboquant_scalar(const TurboQuantKVView& kv, const AttentionQueries& queries,
-                                 const AttentionParams& params, float* out);
-void attention_turboquant_avx2(const TurboQuantKVView& kv, const AttentionQueries& queries,
-                               const AttentionParams& params, float* out);
-
+}  // namespace
 }  // namespace turbokv::attention_detail

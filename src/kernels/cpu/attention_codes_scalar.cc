@@ -2,6 +2,7 @@
 // decode_rotated / dequantize), and the ISA dispatch of attention_turboquant / _uniform.
 #include "core/cpu.h"
 #include "kernels/cpu/attention_codes_core.h"
+#include "kernels/cpu/attention_entry.h"
 #include "kernels/cpu/attention_isa_scalar.h"
 
 namespace turbokv {

@@ -26,7 +26,10 @@
 #include "core/threads.h"
 #include "kernels/cpu/attention.h"
 
+// Internal linkage on purpose: every ISA's translation unit compiles these templates and
+// inline helpers with its own flags (-mavx2 or none), and must not share one copy with another.
 namespace turbokv::attention_detail {
+namespace {
 
 constexpr int kTileTokens = 16;  // keys decoded and scored together
 constexpr int kQueryBlock = 16;  // queries per work item (times G rows)
@@ -330,10 +333,5 @@ void attention_dense_on(const DenseKVView& kv, const AttentionQueries& queries,
   });
 }
 
-// Per-ISA entry points (attention_dense_scalar.cc, attention_dense_avx2.cc).
-void attention_dense_scalar(const DenseKVView& kv, const AttentionQueries& queries,
-                            const AttentionParams& params, float* out);
-void attention_dense_avx2(const DenseKVView& kv, const AttentionQueries& queries,
-                          const AttentionParams& params, float* out);
-
+}  // namespace
 }  // namespace turbokv::attention_detail

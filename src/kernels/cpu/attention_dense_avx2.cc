@@ -1,4 +1,5 @@
 // Dense attention, AVX2 path (entered only after cpu_has_avx2(), head_dim % 8 == 0).
+#include "kernels/cpu/attention_entry.h"
 #include "kernels/cpu/attention_isa_avx2.h"
 
 namespace turbokv::attention_detail {

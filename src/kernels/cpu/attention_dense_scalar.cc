@@ -1,6 +1,7 @@
 // Dense attention, portable path, and the ISA dispatch of attention_dense().
 #include "core/cpu.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_entry.h"
 #include "kernels/cpu/attention_isa_scalar.h"
 
 namespace turbokv {

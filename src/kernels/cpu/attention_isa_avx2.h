@@ -7,7 +7,10 @@
 
 #include "kernels/cpu/attention_core.h"
 
+// Internal linkage on purpose: every ISA's translation unit compiles these templates and
+// inline helpers with its own flags (-mavx2 or none), and must not share one copy with another.
 namespace turbokv::attention_detail {
+namespace {
 
 struct Avx2Isa {
   static float hsum(__m256 v) {
@@ -283,4 +286,5 @@ struct Avx2Isa {
   }
 };
 
+}  // namespace
 }  // namespace turbokv::attention_detail

@@ -8,7 +8,10 @@
 #include "core/half.h"
 #include "kernels/cpu/attention_core.h"
 
+// Internal linkage on purpose: every ISA's translation unit compiles these templates and
+// inline helpers with its own flags (-mavx2 or none), and must not share one copy with another.
 namespace turbokv::attention_detail {
+namespace {
 
 struct ScalarIsa {
   // out[t] = <q, keys[t]> for t < n; keys [n, d].
@@ -80,4 +83,5 @@ struct ScalarIsa {
   }
 };
 
+}  // namespace
 }  // namespace turbokv::attention_detail

@@ -1,0 +1,24 @@
+// Per-ISA entry points of the fast attention kernels (external linkage). Each is defined in
+// the translation unit of its ISA (attention_*_scalar.cc, attention_*_avx2.cc); the public
+// functions in attention.h / attention_codes.h pick one at run time.
+#pragma once
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_codes.h"
+
+namespace turbokv::attention_detail {
+
+void attention_dense_scalar(const DenseKVView& kv, const AttentionQueries& queries,
+                            const AttentionParams& params, float* out);
+void attention_dense_avx2(const DenseKVView& kv, const AttentionQueries& queries,
+                          const AttentionParams& params, float* out);
+void attention_turboquant_scalar(const TurboQuantKVView& kv, const AttentionQueries& queries,
+                                 const AttentionParams& params, float* out);
+void attention_turboquant_avx2(const TurboQuantKVView& kv, const AttentionQueries& queries,
+                               const AttentionParams& params, float* out);
+void attention_uniform_scalar(const UniformKVView& kv, const AttentionQueries& queries,
+                              const AttentionParams& params, float* out);
+void attention_uniform_avx2(const UniformKVView& kv, const AttentionQueries& queries,
+                            const AttentionParams& params, float* out);
+
+}  // namespace turbokv::attention_detail
