@@ -733,7 +733,20 @@ Value apply_filter(const std::string& name, const Value& input, const ValueList&
         input.is_undefined() || (a.get(1, Value(false)).truthy() && !input.truthy());
     return use_default ? a.get(0, Value("")) : input;
   }
-  if (name == "upper" || name == "lower" || name == "capitalize" || name == "title") {
+  if (name == "title") {  // Jinja's do_title: words split at -, whitespace and ({[<
+    Args a(what, args, kwargs, {});
+    std::string out;
+    bool word_start = true;
+    for (const char32_t c : code_points(input.to_string())) {
+      const bool separator = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || utf8::is_space(c);
+      std::string one;
+      utf8::append(one, c);
+      out += separator ? one : word_start ? utf8::to_upper(one) : utf8::to_lower(one);
+      word_start = separator;
+    }
+    return Value(out);
+  }
+  if (name == "upper" || name == "lower" || name == "capitalize") {
     Args a(what, args, kwargs, {});
     return call_string_method(input.to_string(), name, {}, {});
   }
@@ -801,9 +814,10 @@ Value apply_filter(const std::string& name, const Value& input, const ValueList&
         std::pow(10.0, static_cast<double>(need_int(a.get(0, Value(0)), "precision")));
     const std::string method = a.get(1, Value("common")).to_string();
     const double x = input.as_double() * scale;
+    // "common" is Python's round(): halves go to the even neighbour.
     const double r = method == "floor"  ? std::floor(x)
                      : method == "ceil" ? std::ceil(x)
-                                        : std::round(x);
+                                        : std::nearbyint(x);
     return Value(r / scale);
   }
   if (name == "indent") {
