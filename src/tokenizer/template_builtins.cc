@@ -738,7 +738,8 @@ Value apply_filter(const std::string& name, const Value& input, const ValueList&
     std::string out;
     bool word_start = true;
     for (const char32_t c : code_points(input.to_string())) {
-      const bool separator = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || utf8::is_space(c);
+      const bool separator =
+          c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || utf8::is_space(c);
       std::string one;
       utf8::append(one, c);
       out += separator ? one : word_start ? utf8::to_upper(one) : utf8::to_lower(one);

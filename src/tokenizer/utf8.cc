@@ -108,11 +108,11 @@ struct SpecialCase {
   const char* upper;
 };
 constexpr SpecialCase kSpecialCases[] = {
-    {0x00DF, "\u00DF", "Ss", "SS"},         {0x0130, "i\u0307", "\u0130", "\u0130"},
+    {0x00DF, "\u00DF", "Ss", "SS"},           {0x0130, "i\u0307", "\u0130", "\u0130"},
     {0x0149, "\u0149", "\u02BCN", "\u02BCN"}, {0xFB00, "\uFB00", "Ff", "FF"},
-    {0xFB01, "\uFB01", "Fi", "FI"},         {0xFB02, "\uFB02", "Fl", "FL"},
-    {0xFB03, "\uFB03", "Ffi", "FFI"},       {0xFB04, "\uFB04", "Ffl", "FFL"},
-    {0xFB05, "\uFB05", "St", "ST"},         {0xFB06, "\uFB06", "St", "ST"},
+    {0xFB01, "\uFB01", "Fi", "FI"},           {0xFB02, "\uFB02", "Fl", "FL"},
+    {0xFB03, "\uFB03", "Ffi", "FFI"},         {0xFB04, "\uFB04", "Ffl", "FFL"},
+    {0xFB05, "\uFB05", "St", "ST"},           {0xFB06, "\uFB06", "St", "ST"},
 };
 
 enum class Case { kLower, kTitle, kUpper };
@@ -133,10 +133,12 @@ void append_case(char32_t cp, Case c, std::string& out) {
 }  // namespace
 
 std::string to_upper(std::string_view s) {
-  return map_code_points(s, [](char32_t cp, std::string& out) { append_case(cp, Case::kUpper, out); });
+  return map_code_points(s,
+                         [](char32_t cp, std::string& out) { append_case(cp, Case::kUpper, out); });
 }
 std::string to_lower(std::string_view s) {
-  return map_code_points(s, [](char32_t cp, std::string& out) { append_case(cp, Case::kLower, out); });
+  return map_code_points(s,
+                         [](char32_t cp, std::string& out) { append_case(cp, Case::kLower, out); });
 }
 
 std::string to_title(std::string_view s) {

@@ -175,8 +175,12 @@ TEST(Tokenizer, StringAndListMergesAgree) {
 TEST(Tokenizer, NormalizedAddedTokensMatchAfterNormalization) {
   std::ifstream in(kFixtures + "spmstyle-tokenizer.json");
   nlohmann::json root = nlohmann::json::parse(in);
-  root["added_tokens"].push_back({{"id", 4096}, {"content", "\u2581world"}, {"single_word", false},
-                                  {"lstrip", false}, {"rstrip", false}, {"normalized", true},
+  root["added_tokens"].push_back({{"id", 4096},
+                                  {"content", "\u2581world"},
+                                  {"single_word", false},
+                                  {"lstrip", false},
+                                  {"rstrip", false},
+                                  {"normalized", true},
                                   {"special", false}});
   EXPECT_EQ(HfTokenizer(root).encode("Hello world"),
             (std::vector<int32_t>{415, 300, 553, 552, 4096}));
