@@ -14,9 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/attention.h"
 #include "turbokv/kv_options.h"
 
 namespace turbokv {
+
+class ByteWriter;
+class ByteReader;
 
 // What the cache policy needs to know about one attention layer.
 struct LayerSpec {
@@ -25,12 +29,8 @@ struct LayerSpec {
   int sliding_window = 0;  // 0: global attention; W > 0: a query at p sees keys in (p - W, p]
 };
 
-struct AttentionParams {
-  int n_heads = 0;           // query heads
-  float scale = 0;           // score = scale * <q, k>
-  float logit_softcap = 0;   // > 0: score = cap * tanh(score / cap) (gemma2)
-  int sliding_window = 0;    // as in LayerSpec
-};
+// AttentionParams (n_heads, scale, logit_softcap, sliding_window) lives with the kernels:
+// kernels/cpu/attention.h.
 
 class KVCache {
  public:
@@ -51,9 +51,29 @@ class KVCache {
 
   // Attention for n_q queries at the last n_q positions appended (causal, plus the sliding
   // window of params). out may not alias q.
-  virtual void attend(const float* q, int n_q, const AttentionParams& params,
-                      float* out) const = 0;
+  virtual void attend(const float* q, int n_q, const AttentionParams& params, float* out) const = 0;
+
+  // Save/load of the whole state (kv/cache_file.h). save() writes the cache's kind, its
+  // configuration and its tokens. load() checks kind and configuration against this cache
+  // (InvalidArgument naming the field that differs), then replaces its state; FormatError for
+  // malformed data. The defaults throw Unsupported.
+  virtual void save(ByteWriter& out) const;
+  virtual void load(ByteReader& in);
+
+  // append() for callers that know the shape of k and v: throws InvalidArgument naming the
+  // mismatch when kv_heads or head_dim differ from the cache's, or n_tokens < 0.
+  void append_checked(const float* k, const float* v, int n_tokens, int kv_heads, int head_dim);
+
+ protected:
+  // Throws InvalidArgument unless 0 <= n_tokens and k, v are non-null when n_tokens > 0.
+  void check_append(const float* k, const float* v, int n_tokens) const;
+  // Throws InvalidArgument unless 1 <= n_q <= size(), n_heads is a positive multiple of
+  // kv_heads(), and the sliding window is not negative.
+  void check_attend(const float* q, int n_q, const AttentionParams& params, const float* out) const;
 };
+
+// Throws InvalidArgument unless 1 <= kv_heads <= 1024 and 1 <= head_dim <= 1024.
+void check_kv_shape(int kv_heads, int head_dim);
 
 // One sequence's caches, one per layer.
 using LayerCaches = std::vector<std::unique_ptr<KVCache>>;

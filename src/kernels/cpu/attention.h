@@ -1,0 +1,71 @@
+// CPU attention kernels over one sequence's keys and values, and the parameters they share.
+//
+//   attention_reference: slow, obvious scalar reference (fp32 accumulation, two-pass softmax).
+//                        Every fast kernel is tested against it.
+//   attention_dense:     the fast kernel for dense caches (f32/f16/bf16): decode and prefill,
+//                        split-K over the keys with an online-softmax merge, GQA-shared passes,
+//                        AVX2 or scalar (attention_core.h).
+//
+// Masks: the query at position p sees the key at position t iff t <= p (causal) and, with a
+// sliding window W > 0, t > p - W. Gemma2 logit soft-capping: s = cap * tanh(s / cap).
+// GQA: query head h reads KV head h / (n_heads / kv_heads).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace turbokv {
+
+struct AttentionParams {
+  int n_heads = 0;          // query heads
+  float scale = 0;          // score = scale * <q, k>
+  float logit_softcap = 0;  // > 0: score = cap * tanh(score / cap) (gemma2)
+  int sliding_window = 0;   // 0: global; W > 0: a query at p sees keys in (p - W, p]
+};
+
+// Element type of a dense K/V buffer.
+enum class KVDType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+const char* kv_dtype_name(KVDType dtype);  // "f32", "f16", "bf16"
+size_t kv_dtype_bytes(KVDType dtype);
+
+// Dense keys and values of one sequence, head-major. Key token t of KV head h starts at element
+// (h * head_stride + t) * head_dim of k (same for v); token t holds position first_pos + t.
+struct DenseKVView {
+  KVDType dtype = KVDType::kF32;
+  const void* k = nullptr;  // [kv_heads, head_stride, head_dim]
+  const void* v = nullptr;  // [kv_heads, head_stride, head_dim]
+  int kv_heads = 0;
+  int head_dim = 0;
+  int64_t head_stride = 0;  // tokens between consecutive heads (>= n_tokens)
+  int64_t n_tokens = 0;
+  int64_t first_pos = 0;
+};
+
+// Queries of one call: q [n_q, n_heads, head_dim], query i at position first_pos + i.
+struct AttentionQueries {
+  const float* q = nullptr;
+  int n_q = 0;
+  int64_t first_pos = 0;
+};
+
+// True when the query at q_pos may read the key at k_pos under params' masks.
+inline bool attention_visible(int64_t q_pos, int64_t k_pos, int sliding_window) {
+  return k_pos <= q_pos && (sliding_window <= 0 || k_pos > q_pos - sliding_window);
+}
+
+// Instruction set of a fast kernel. Tests run every one; callers take best_attention_isa().
+enum class AttentionIsa { kScalar, kAvx2 };
+// kAvx2 when the CPU has AVX2+FMA+F16C (and TURBOKV_FORCE_SCALAR is unset), else kScalar.
+AttentionIsa best_attention_isa();
+
+// out: [n_q, n_heads, head_dim]. A query that sees no key gets a zero row.
+void attention_reference(const DenseKVView& kv, const AttentionQueries& queries,
+                         const AttentionParams& params, float* out);
+
+// Same contract as attention_reference. kAvx2 falls back to scalar where the CPU lacks AVX2
+// or head_dim % 8 != 0.
+void attention_dense(const DenseKVView& kv, const AttentionQueries& queries,
+                     const AttentionParams& params, float* out,
+                     AttentionIsa isa = best_attention_isa());
+
+}  // namespace turbokv

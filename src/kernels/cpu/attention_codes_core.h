@@ -1,0 +1,173 @@
+// Tile source of the attention core for TurboQuant codes, and the whole on-codes attention
+// as a template over the ISA (instantiated in attention_codes_scalar.cc / _avx2.cc).
+// A KV head's codec is one MSE codec or a split codec (two MSE codecs over the two halves of
+// the rotated frame); both become a list of segments, each decoded as norm * centroid[code].
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/attention_codes.h"
+#include "kernels/cpu/attention_core.h"
+#include "quant/codec_mse.h"
+#include "quant/codec_split.h"
+
+namespace turbokv::attention_detail {
+
+// One MSE-coded part of a vector: its codes start code_offset bytes into the vector's codes,
+// its norm is norm word norm_index, and it fills frame [frame_offset, frame_offset + dim).
+struct CodeSegment {
+  const quant::MseCodec* codec = nullptr;
+  size_t code_offset = 0;
+  int norm_index = 0;
+  int frame_offset = 0;
+  int dim = 0;
+  int bits = 0;
+  alignas(32) float centroids[16] = {};  // the codebook, zero-padded (bits <= 4 only)
+};
+
+struct VectorDecoder {
+  CodeSegment segments[2];
+  int n_segments = 0;
+  size_t code_bytes = 0;
+  int norms_per_vector = 0;
+};
+
+inline VectorDecoder make_vector_decoder(const quant::TurboQuantCodec& codec) {
+  VectorDecoder decoder;
+  decoder.code_bytes = codec.code_bytes();
+  decoder.norms_per_vector = codec.norms_per_vector();
+  auto add = [&](const quant::MseCodec& mse, size_t code_offset, int norm_index, int frame_offset) {
+    CodeSegment& s = decoder.segments[decoder.n_segments++];
+    s.codec = &mse;
+    s.code_offset = code_offset;
+    s.norm_index = norm_index;
+    s.frame_offset = frame_offset;
+    s.dim = mse.dim();
+    s.bits = mse.int_bits();
+    const auto& c = mse.codebook().centroids;
+    if (s.bits <= 4) std::copy(c.begin(), c.end(), s.centroids);
+  };
+  if (const auto* mse = dynamic_cast<const quant::MseCodec*>(&codec)) {
+    add(*mse, 0, 0, 0);
+  } else {
+    const auto& split = dynamic_cast<const quant::SplitCodec&>(codec);
+    add(split.high(), 0, 0, 0);
+    add(split.low(), split.high().code_bytes(), 1, split.high_dim());
+  }
+  return decoder;
+}
+
+// Decoder: a struct with static void decode(const CodeSegment&, const uint8_t* codes,
+// uint16_t norm_f16, float* out) writing norm * centroids[code_i] for the segment's dim codes
+// (what MseCodec::decode_rotated computes).
+template <class Decoder>
+struct CodeTiles {
+  const TurboQuantKVView* kv;
+  const VectorDecoder* key_decoders;    // [kv_heads]
+  const VectorDecoder* value_decoders;  // [kv_heads]
+
+  static const float* decode(const CodedTensorView& tensor, const VectorDecoder& decoder,
+                             int64_t first_row, int n, int d, float* scratch) {
+    for (int i = 0; i < n; ++i) {
+      const int64_t row = first_row + i;
+      const uint8_t* codes = tensor.codes + row * decoder.code_bytes;
+      const uint16_t* norms = tensor.norms + row * decoder.norms_per_vector;
+      for (int s = 0; s < decoder.n_segments; ++s) {
+        const CodeSegment& seg = decoder.segments[s];
+        Decoder::decode(seg, codes + seg.code_offset, norms[seg.norm_index],
+                        scratch + static_cast<int64_t>(i) * d + seg.frame_offset);
+      }
+    }
+    return scratch;
+  }
+  const float* keys(int h, int64_t t0, int n, float* scratch) const {
+    return decode(kv->keys, key_decoders[h], h * kv->head_stride + t0, n, kv->head_dim, scratch);
+  }
+  const float* values(int h, int64_t t0, int n, float* scratch) const {
+    return decode(kv->values, value_decoders[h], h * kv->head_stride + t0, n, kv->head_dim,
+                  scratch);
+  }
+};
+
+// Rotate the queries into each KV head's key frame, run the core on codes, rotate each output
+// row back out of its KV head's value frame.
+template <class Isa, class Decoder>
+void attention_turboquant_on(const TurboQuantKVView& kv, const AttentionQueries& queries,
+                             const AttentionParams& params, float* out, quant::Isa codec_isa) {
+  const int d = kv.head_dim;
+  const int group = params.n_heads / kv.kv_heads;
+  std::vector<VectorDecoder> key_decoders, value_decoders;
+  for (int h = 0; h < kv.kv_heads; ++h) {
+    key_decoders.push_back(make_vector_decoder(*kv.keys.codecs[h]));
+    value_decoders.push_back(make_vector_decoder(*kv.values.codecs[h]));
+  }
+  const int64_t rows = static_cast<int64_t>(queries.n_q) * params.n_heads;
+  std::vector<float> rotated_q(rows * d);    // [n_q, n_heads, d] in the key frames
+  std::vector<float> rotated_out(rows * d);  // [n_q, n_heads, d] in the value frames
+  parallel_for(rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int h = static_cast<int>(r % params.n_heads) / group;
+      kv.keys.codecs[h]->rotate_query(queries.q + r * d, &rotated_q[r * d], codec_isa);
+    }
+  });
+  const AttendProblem problem = make_problem(queries, params, kv.kv_heads, d, kv.n_tokens,
+                                             kv.first_pos, rotated_q.data(), rotated_out.data());
+  const CodeTiles<Decoder> tiles{&kv, key_decoders.data(), value_decoders.data()};
+  dispatch_head_dim(
+      d, [&](auto head_dim) { attend_split_k<Isa, decltype(head_dim)::value>(tiles, problem); });
+  parallel_for(rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int h = static_cast<int>(r % params.n_heads) / group;
+      kv.values.codecs[h]->unrotate(&rotated_out[r * d], out + r * d, codec_isa);
+    }
+  });
+}
+
+// Decoder: static void decode(const quant::UniformCodec&, const uint8_t* codes,
+// const uint16_t* params, float* out) writing the dequantized vector (UniformCodec::dequantize).
+template <class Decoder>
+struct UniformTiles {
+  const UniformKVView* kv;
+
+  const float* decode(const UniformTensorView& tensor, int h, int64_t t0, int n,
+                      float* scratch) const {
+    const quant::UniformCodec& codec = *tensor.codec;
+    for (int i = 0; i < n; ++i) {
+      const int64_t row = h * kv->head_stride + t0 + i;
+      Decoder::decode(codec, tensor.codes + row * codec.code_bytes(),
+                      tensor.params + row * codec.params_per_vector(),
+                      scratch + static_cast<int64_t>(i) * kv->head_dim);
+    }
+    return scratch;
+  }
+  const float* keys(int h, int64_t t0, int n, float* scratch) const {
+    return decode(kv->keys, h, t0, n, scratch);
+  }
+  const float* values(int h, int64_t t0, int n, float* scratch) const {
+    return decode(kv->values, h, t0, n, scratch);
+  }
+};
+
+template <class Isa, class Decoder>
+void attention_uniform_on(const UniformKVView& kv, const AttentionQueries& queries,
+                          const AttentionParams& params, float* out) {
+  const AttendProblem problem = make_problem(queries, params, kv.kv_heads, kv.head_dim, kv.n_tokens,
+                                             kv.first_pos, queries.q, out);
+  dispatch_head_dim(kv.head_dim, [&](auto head_dim) {
+    attend_split_k<Isa, decltype(head_dim)::value>(UniformTiles<Decoder>{&kv}, problem);
+  });
+}
+
+void attention_uniform_scalar(const UniformKVView& kv, const AttentionQueries& queries,
+                              const AttentionParams& params, float* out);
+void attention_uniform_avx2(const UniformKVView& kv, const AttentionQueries& queries,
+                            const AttentionParams& params, float* out);
+
+void attention_turboquant_scalar(const TurboQuantKVView& kv, const AttentionQueries& queries,
+                                 const AttentionParams& params, float* out);
+void attention_turboquant_avx2(const TurboQuantKVView& kv, const AttentionQueries& queries,
+                               const AttentionParams& params, float* out);
+
+}  // namespace turbokv::attention_detail

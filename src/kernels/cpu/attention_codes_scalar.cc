@@ -1,0 +1,56 @@
+// Attention on TurboQuant and uniform codes, portable path (decodes through the codecs' own
+// decode_rotated / dequantize), and the ISA dispatch of attention_turboquant / _uniform.
+#include "core/cpu.h"
+#include "kernels/cpu/attention_codes_core.h"
+#include "kernels/cpu/attention_isa_scalar.h"
+
+namespace turbokv {
+namespace attention_detail {
+namespace {
+
+struct CodecDecoder {
+  static void decode(const CodeSegment& seg, const uint8_t* codes, uint16_t norm, float* out) {
+    seg.codec->decode_rotated(codes, norm, out);
+  }
+};
+
+struct UniformDecoder {
+  static void decode(const quant::UniformCodec& codec, const uint8_t* codes, const uint16_t* params,
+                     float* out) {
+    codec.dequantize(codes, params, out);
+  }
+};
+
+}  // namespace
+
+void attention_uniform_scalar(const UniformKVView& kv, const AttentionQueries& queries,
+                              const AttentionParams& params, float* out) {
+  attention_uniform_on<ScalarIsa, UniformDecoder>(kv, queries, params, out);
+}
+
+void attention_turboquant_scalar(const TurboQuantKVView& kv, const AttentionQueries& queries,
+                                 const AttentionParams& params, float* out) {
+  attention_turboquant_on<ScalarIsa, CodecDecoder>(kv, queries, params, out, quant::Isa::kScalar);
+}
+
+}  // namespace attention_detail
+
+void attention_turboquant(const TurboQuantKVView& kv, const AttentionQueries& queries,
+                          const AttentionParams& params, float* out, AttentionIsa isa) {
+  if (isa == AttentionIsa::kAvx2 && cpu_has_avx2() && kv.head_dim % 8 == 0) {
+    attention_detail::attention_turboquant_avx2(kv, queries, params, out);
+  } else {
+    attention_detail::attention_turboquant_scalar(kv, queries, params, out);
+  }
+}
+
+void attention_uniform(const UniformKVView& kv, const AttentionQueries& queries,
+                       const AttentionParams& params, float* out, AttentionIsa isa) {
+  if (isa == AttentionIsa::kAvx2 && cpu_has_avx2() && kv.head_dim % 8 == 0) {
+    attention_detail::attention_uniform_avx2(kv, queries, params, out);
+  } else {
+    attention_detail::attention_uniform_scalar(kv, queries, params, out);
+  }
+}
+
+}  // namespace turbokv

@@ -1,0 +1,294 @@
+// The shared body of every fast CPU attention kernel (dense and on codes), written once as a
+// template over
+//   Isa:   the vector primitives (scalar in attention_scalar.cc, AVX2 in attention_avx2.cc);
+//   D:     head_dim as a compile-time constant (0: runtime head_dim, the generic fallback);
+//   Tiles: where keys and values come from. tiles.keys(h, t0, n, scratch) returns the rows of
+//          tokens [t0, t0 + n) of KV head h as floats [n, d] in the frame the queries are in
+//          (dense: the stored values; TurboQuant: norm * centroids in the rotated frame).
+//          A tile is at most kTileTokens tokens: the only decoded state is that per-tile
+//          scratch, never a copy of the cache.
+//
+// Work is split (STYLE habit 5) into items = (KV head, block of queries, key split). An item
+// runs one pass over its keys for every query row of its KV head's group (GQA: the G query
+// heads of a KV head share each decoded tile) and keeps an online-softmax state {m, l, acc}
+// per row; split partials are merged in a fixed order, so results do not depend on the thread
+// count. Everything here is templated on Isa: each instantiation stays in its own TU.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "core/threads.h"
+#include "kernels/cpu/attention.h"
+
+namespace turbokv::attention_detail {
+
+constexpr int kTileTokens = 16;        // keys decoded and scored together
+constexpr int kQueryBlock = 16;        // queries per work item (times G rows)
+constexpr int64_t kSplitTokens = 512;  // keys per split when one query block covers all queries
+
+// Everything an attention call needs besides where K/V come from. q rows are already in the
+// tiles' frame; out receives acc / l in that frame.
+struct AttendProblem {
+  const float* q = nullptr;  // [n_q, n_heads, d]
+  float* out = nullptr;      // [n_q, n_heads, d]
+  int n_q = 0;
+  int64_t q_first_pos = 0;
+  int n_heads = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+  int64_t n_tokens = 0;  // keys held; token t at position k_first_pos + t
+  int64_t k_first_pos = 0;
+  float scale = 0;
+  float logit_softcap = 0;
+  int sliding_window = 0;
+};
+
+inline AttendProblem make_problem(const AttentionQueries& queries, const AttentionParams& params,
+                                  int kv_heads, int head_dim, int64_t n_tokens, int64_t k_first_pos,
+                                  const float* q, float* out) {
+  AttendProblem p;
+  p.q = q;
+  p.out = out;
+  p.n_q = queries.n_q;
+  p.q_first_pos = queries.first_pos;
+  p.n_heads = params.n_heads;
+  p.kv_heads = kv_heads;
+  p.head_dim = head_dim;
+  p.n_tokens = n_tokens;
+  p.k_first_pos = k_first_pos;
+  p.scale = params.scale;
+  p.logit_softcap = params.logit_softcap;
+  p.sliding_window = params.sliding_window;
+  return p;
+}
+
+// Online-softmax state of `rows` query rows: m (running max score), l (sum of exp(s - m)),
+// acc (sum of exp(s - m) * v). merge() folds another partial over disjoint keys into this one.
+struct SoftmaxStates {
+  int d = 0;
+  std::vector<float> m;    // [rows]
+  std::vector<float> l;    // [rows]
+  std::vector<float> acc;  // [rows, d]
+
+  void reset(int rows, int dim) {
+    d = dim;
+    m.assign(rows, -std::numeric_limits<float>::infinity());
+    l.assign(rows, 0.0f);
+    acc.assign(static_cast<size_t>(rows) * dim, 0.0f);
+  }
+
+  void merge_row(int r, const SoftmaxStates& other) {
+    const float om = other.m[r];
+    if (om == -std::numeric_limits<float>::infinity()) return;
+    const float new_m = std::max(m[r], om);
+    const float a = std::exp(m[r] - new_m);  // 0 when this row saw nothing yet
+    const float b = std::exp(om - new_m);
+    l[r] = l[r] * a + other.l[r] * b;
+    float* x = &acc[static_cast<size_t>(r) * d];
+    const float* y = &other.acc[static_cast<size_t>(r) * d];
+    for (int c = 0; c < d; ++c) x[c] = x[c] * a + y[c] * b;
+    m[r] = new_m;
+  }
+
+  void merge(const SoftmaxStates& other) {
+    for (int r = 0; r < static_cast<int>(m.size()); ++r) merge_row(r, other);
+  }
+};
+
+// Keys [k_begin, k_end) (token indices) that any query of [q_begin, q_end) may see.
+inline void visible_key_range(const AttendProblem& p, int q_begin, int q_end, int64_t* k_begin,
+                              int64_t* k_end) {
+  const int64_t first_q_pos = p.q_first_pos + q_begin;
+  const int64_t last_q_pos = p.q_first_pos + q_end - 1;
+  int64_t lo = 0;
+  if (p.sliding_window > 0)
+    lo = std::max<int64_t>(lo, first_q_pos - p.sliding_window + 1 - p.k_first_pos);
+  *k_begin = lo;
+  *k_end = std::clamp<int64_t>(last_q_pos - p.k_first_pos + 1, 0, p.n_tokens);
+}
+
+// One item: query rows of KV head h, queries [q_begin, q_end), keys [k_begin, k_end).
+template <class Isa, int D, class Tiles>
+void attend_item(const Tiles& tiles, const AttendProblem& p, int h, int q_begin, int q_end,
+                 int64_t k_begin, int64_t k_end, SoftmaxStates& state) {
+  const int d = D > 0 ? D : p.head_dim;
+  const int group = p.n_heads / p.kv_heads;
+  const int rows = (q_end - q_begin) * group;
+  state.reset(rows, d);
+  alignas(64) float key_scratch[kTileTokens * (D > 0 ? D : 1)];
+  alignas(64) float value_scratch[kTileTokens * (D > 0 ? D : 1)];
+  std::vector<float> dynamic_scratch(D > 0 ? 0 : 2 * kTileTokens * d);
+  float* key_tile_buffer = D > 0 ? key_scratch : dynamic_scratch.data();
+  float* value_tile_buffer = D > 0 ? value_scratch : dynamic_scratch.data() + kTileTokens * d;
+  alignas(32) float scores[kTileTokens];
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+
+  for (int64_t t0 = k_begin; t0 < k_end; t0 += kTileTokens) {
+    const int n = static_cast<int>(std::min<int64_t>(kTileTokens, k_end - t0));
+    const int64_t tile_first_pos = p.k_first_pos + t0;
+    const float* keys = tiles.keys(h, t0, n, key_tile_buffer);
+    const float* values = nullptr;
+    for (int r = 0; r < rows; ++r) {
+      const int qi = q_begin + r / group;
+      const int head = h * group + r % group;
+      const int64_t q_pos = p.q_first_pos + qi;
+      // Visible tile tokens form one interval [lo, hi).
+      int lo = 0;
+      int hi = static_cast<int>(std::clamp<int64_t>(q_pos - tile_first_pos + 1, 0, n));
+      if (p.sliding_window > 0) {
+        lo = static_cast<int>(
+            std::clamp<int64_t>(q_pos - p.sliding_window + 1 - tile_first_pos, 0, n));
+      }
+      if (lo >= hi) continue;
+      const float* q = p.q + (static_cast<int64_t>(qi) * p.n_heads + head) * d;
+      Isa::template dot_rows<D>(q, keys, n, d, scores);
+      float tile_max = neg_inf;
+      for (int t = n; t < kTileTokens; ++t) scores[t] = neg_inf;
+      for (int t = 0; t < n; ++t) {
+        float s = scores[t] * p.scale;
+        if (p.logit_softcap > 0) s = p.logit_softcap * std::tanh(s / p.logit_softcap);
+        scores[t] = (t >= lo && t < hi) ? s : neg_inf;
+        tile_max = std::max(tile_max, scores[t]);
+      }
+      const float old_m = state.m[r];
+      const float new_m = std::max(old_m, tile_max);
+      const float alpha = std::exp(old_m - new_m);             // 0 on the first visible tile
+      const float tile_sum = Isa::exp_shifted(scores, new_m);  // scores := exp(s - new_m)
+      state.l[r] = state.l[r] * alpha + tile_sum;
+      state.m[r] = new_m;
+      if (values == nullptr) values = tiles.values(h, t0, n, value_tile_buffer);
+      float* acc = &state.acc[static_cast<size_t>(r) * d];
+      Isa::template scale_accumulate<D>(acc, alpha, scores, values, n, d);
+    }
+  }
+}
+
+// Runs the whole problem: builds items, runs them over the thread pool, merges splits,
+// writes out = acc / l (zero rows where a query saw no key).
+template <class Isa, int D, class Tiles>
+void attend_split_k(const Tiles& tiles, const AttendProblem& p) {
+  const int d = p.head_dim;
+  const int group = p.n_heads / p.kv_heads;
+  const int n_qblocks = (p.n_q + kQueryBlock - 1) / kQueryBlock;
+  struct Item {
+    int h, q_begin, q_end;
+    int64_t k_begin, k_end;
+    int split;  // index among the splits of (h, q block)
+  };
+  std::vector<Item> items;
+  for (int h = 0; h < p.kv_heads; ++h) {
+    for (int b = 0; b < n_qblocks; ++b) {
+      const int q_begin = b * kQueryBlock;
+      const int q_end = std::min(p.n_q, q_begin + kQueryBlock);
+      int64_t k_begin, k_end;
+      visible_key_range(p, q_begin, q_end, &k_begin, &k_end);
+      const int64_t span = std::max<int64_t>(k_end - k_begin, 0);
+      const int64_t splits =
+          n_qblocks == 1 ? std::max<int64_t>(1, (span + kSplitTokens - 1) / kSplitTokens) : 1;
+      for (int64_t s = 0; s < splits; ++s) {
+        const int64_t lo = k_begin + s * kSplitTokens;
+        const int64_t hi = splits == 1 ? k_end : std::min(k_end, lo + kSplitTokens);
+        items.push_back(
+            Item{h, q_begin, q_end, splits == 1 ? k_begin : lo, hi, static_cast<int>(s)});
+      }
+    }
+  }
+  std::vector<SoftmaxStates> states(items.size());
+  parallel_tasks(static_cast<int>(items.size()), [&](int i) {
+    const Item& it = items[i];
+    attend_item<Isa, D>(tiles, p, it.h, it.q_begin, it.q_end, it.k_begin, it.k_end, states[i]);
+  });
+  // Items of one (h, q block) are consecutive, split 0 first: merge them in order.
+  for (size_t i = 0; i < items.size();) {
+    size_t j = i + 1;
+    for (; j < items.size() && items[j].split != 0; ++j) states[i].merge(states[j]);
+    const Item& it = items[i];
+    const SoftmaxStates& st = states[i];
+    for (int r = 0; r < (it.q_end - it.q_begin) * group; ++r) {
+      const int qi = it.q_begin + r / group;
+      const int head = it.h * group + r % group;
+      float* o = p.out + (static_cast<int64_t>(qi) * p.n_heads + head) * d;
+      const float* acc = &st.acc[static_cast<size_t>(r) * d];
+      const float inv = st.l[r] > 0 ? 1.0f / st.l[r] : 0.0f;
+      for (int c = 0; c < d; ++c) o[c] = acc[c] * inv;
+    }
+    i = j;
+  }
+}
+
+// Calls fn(std::integral_constant<int, D>) with D = head_dim for the compiled sizes, else D = 0
+// (runtime head_dim). The one place head_dim becomes a template parameter (STYLE habit 4).
+template <class Fn>
+void dispatch_head_dim(int head_dim, Fn&& fn) {
+  switch (head_dim) {
+    case 64:
+      return fn(std::integral_constant<int, 64>{});
+    case 80:
+      return fn(std::integral_constant<int, 80>{});
+    case 96:
+      return fn(std::integral_constant<int, 96>{});
+    case 112:
+      return fn(std::integral_constant<int, 112>{});
+    case 128:
+      return fn(std::integral_constant<int, 128>{});
+    case 160:
+      return fn(std::integral_constant<int, 160>{});
+    case 192:
+      return fn(std::integral_constant<int, 192>{});
+    case 256:
+      return fn(std::integral_constant<int, 256>{});
+    default:
+      return fn(std::integral_constant<int, 0>{});
+  }
+}
+
+// Tiles of a dense cache: f32 rows are used in place, f16/bf16 rows converted into scratch.
+template <class Isa>
+struct DenseTiles {
+  DenseKVView kv;
+
+  const float* rows(const void* base, int h, int64_t t0, int n, float* scratch) const {
+    const int64_t first = (h * kv.head_stride + t0) * kv.head_dim;
+    const int64_t count = static_cast<int64_t>(n) * kv.head_dim;
+    switch (kv.dtype) {
+      case KVDType::kF32:
+        return static_cast<const float*>(base) + first;
+      case KVDType::kF16:
+        Isa::f16_to_f32(static_cast<const uint16_t*>(base) + first, scratch, count);
+        return scratch;
+      case KVDType::kBF16:
+        Isa::bf16_to_f32(static_cast<const uint16_t*>(base) + first, scratch, count);
+        return scratch;
+    }
+    return nullptr;
+  }
+  const float* keys(int h, int64_t t0, int n, float* scratch) const {
+    return rows(kv.k, h, t0, n, scratch);
+  }
+  const float* values(int h, int64_t t0, int n, float* scratch) const {
+    return rows(kv.v, h, t0, n, scratch);
+  }
+};
+
+template <class Isa>
+void attention_dense_on(const DenseKVView& kv, const AttentionQueries& queries,
+                        const AttentionParams& params, float* out) {
+  const AttendProblem problem = make_problem(queries, params, kv.kv_heads, kv.head_dim, kv.n_tokens,
+                                             kv.first_pos, queries.q, out);
+  dispatch_head_dim(kv.head_dim, [&](auto head_dim) {
+    attend_split_k<Isa, decltype(head_dim)::value>(DenseTiles<Isa>{kv}, problem);
+  });
+}
+
+// Per-ISA entry points (attention_dense_scalar.cc, attention_dense_avx2.cc).
+void attention_dense_scalar(const DenseKVView& kv, const AttentionQueries& queries,
+                            const AttentionParams& params, float* out);
+void attention_dense_avx2(const DenseKVView& kv, const AttentionQueries& queries,
+                          const AttentionParams& params, float* out);
+
+}  // namespace turbokv::attention_detail

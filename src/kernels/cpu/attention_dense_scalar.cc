@@ -1,0 +1,28 @@
+// Dense attention, portable path, and the ISA dispatch of attention_dense().
+#include "core/cpu.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_isa_scalar.h"
+
+namespace turbokv {
+
+AttentionIsa best_attention_isa() {
+  return cpu_has_avx2() ? AttentionIsa::kAvx2 : AttentionIsa::kScalar;
+}
+
+namespace attention_detail {
+void attention_dense_scalar(const DenseKVView& kv, const AttentionQueries& queries,
+                            const AttentionParams& params, float* out) {
+  attention_dense_on<ScalarIsa>(kv, queries, params, out);
+}
+}  // namespace attention_detail
+
+void attention_dense(const DenseKVView& kv, const AttentionQueries& queries,
+                     const AttentionParams& params, float* out, AttentionIsa isa) {
+  if (isa == AttentionIsa::kAvx2 && cpu_has_avx2() && kv.head_dim % 8 == 0) {
+    attention_detail::attention_dense_avx2(kv, queries, params, out);
+  } else {
+    attention_detail::attention_dense_scalar(kv, queries, params, out);
+  }
+}
+
+}  // namespace turbokv

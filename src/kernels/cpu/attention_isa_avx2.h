@@ -1,0 +1,151 @@
+// AVX2 + FMA + F16C vector primitives of the attention core (attention_core.h). Include only
+// from *_avx2.cc files (compiled with -mavx2 -mfma -mf16c, entered after cpu_has_avx2()).
+// Requires head_dim % 8 == 0.
+#pragma once
+
+#include <immintrin.h>
+
+#include "kernels/cpu/attention_core.h"
+
+namespace turbokv::attention_detail {
+
+struct Avx2Isa {
+  static float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+
+  // out[t] = <q, keys[t]>: four keys at a time, two accumulators each, one hadd reduction.
+  template <int D>
+  static void dot_rows(const float* q, const float* keys, int n, int d_runtime, float* out) {
+    const int d = D > 0 ? D : d_runtime;
+    int t = 0;
+    for (; t + 4 <= n; t += 4) {
+      const float* k0 = keys + static_cast<int64_t>(t) * d;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+      int c = 0;
+      for (; c + 16 <= d; c += 16) {
+        const __m256 qa = _mm256_loadu_ps(q + c);
+        const __m256 qb = _mm256_loadu_ps(q + c + 8);
+        a0 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k0 + c), a0);
+        a1 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k0 + d + c), a1);
+        a2 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k0 + 2 * d + c), a2);
+        a3 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k0 + 3 * d + c), a3);
+        b0 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k0 + c + 8), b0);
+        b1 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k0 + d + c + 8), b1);
+        b2 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k0 + 2 * d + c + 8), b2);
+        b3 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k0 + 3 * d + c + 8), b3);
+      }
+      if (c < d) {  // d % 16 == 8
+        const __m256 qa = _mm256_loadu_ps(q + c);
+        a0 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k0 + c), a0);
+        a1 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k0 + d + c), a1);
+        a2 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k0 + 2 * d + c), a2);
+        a3 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k0 + 3 * d + c), a3);
+      }
+      a0 = _mm256_add_ps(a0, b0);
+      a1 = _mm256_add_ps(a1, b1);
+      a2 = _mm256_add_ps(a2, b2);
+      a3 = _mm256_add_ps(a3, b3);
+      // [a0 a1 a0 a1 | ...] -> four sums
+      const __m256 h01 = _mm256_hadd_ps(a0, a1);
+      const __m256 h23 = _mm256_hadd_ps(a2, a3);
+      const __m256 h = _mm256_hadd_ps(h01, h23);
+      const __m128 sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+      _mm_storeu_ps(out + t, sums);
+    }
+    for (; t < n; ++t) {
+      const float* k = keys + static_cast<int64_t>(t) * d;
+      __m256 a = _mm256_setzero_ps();
+      for (int c = 0; c < d; c += 8)
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(k + c), a);
+      out[t] = hsum(a);
+    }
+  }
+
+  // exp(x) for x <= 0 (Cephes-style range reduction + degree-6 polynomial, rel. error ~2e-7);
+  // x below -87 (including -inf) gives exactly 0.
+  static __m256 exp_nonpositive(__m256 x) {
+    const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
+    x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    const __m256i exponent =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(exponent));
+    return _mm256_andnot_ps(underflow, y);
+  }
+
+  static float exp_shifted(float* s, float m) {
+    static_assert(kTileTokens % 8 == 0);
+    const __m256 shift = _mm256_set1_ps(m);
+    __m256 sum = _mm256_setzero_ps();
+    for (int t = 0; t < kTileTokens; t += 8) {
+      const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + t), shift));
+      _mm256_storeu_ps(s + t, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    return hsum(sum);
+  }
+
+  // acc[W*8 floats] = acc * alpha + sum_t p[t] * values[t][...], acc held in registers.
+  template <int W>
+  static void scale_accumulate_block(float* acc, __m256 alpha, const float* p, const float* values,
+                                     int n, int d) {
+    __m256 a[W];
+    for (int j = 0; j < W; ++j) a[j] = _mm256_mul_ps(_mm256_loadu_ps(acc + 8 * j), alpha);
+    for (int t = 0; t < n; ++t) {
+      const __m256 pt = _mm256_broadcast_ss(p + t);
+      const float* v = values + static_cast<int64_t>(t) * d;
+      for (int j = 0; j < W; ++j) a[j] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(v + 8 * j), a[j]);
+    }
+    for (int j = 0; j < W; ++j) _mm256_storeu_ps(acc + 8 * j, a[j]);
+  }
+
+  template <int D>
+  static void scale_accumulate(float* acc, float alpha, const float* p, const float* values, int n,
+                               int d_runtime) {
+    const __m256 va = _mm256_set1_ps(alpha);
+    if constexpr (D > 0) {
+      constexpr int kFull = D / 64;
+      constexpr int kRest = (D % 64) / 8;
+      for (int b = 0; b < kFull; ++b)
+        scale_accumulate_block<8>(acc + 64 * b, va, p, values + 64 * b, n, D);
+      if constexpr (kRest > 0) {
+        scale_accumulate_block<kRest>(acc + 64 * kFull, va, p, values + 64 * kFull, n, D);
+      }
+    } else {
+      for (int c = 0; c < d_runtime; c += 8) {
+        scale_accumulate_block<1>(acc + c, va, p, values + c, n, d_runtime);
+      }
+    }
+  }
+
+  static void f16_to_f32(const uint16_t* in, float* out, int64_t n) {
+    for (int64_t i = 0; i < n; i += 8) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+    }
+  }
+  static void bf16_to_f32(const uint16_t* in, float* out, int64_t n) {
+    for (int64_t i = 0; i < n; i += 8) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+      _mm256_storeu_ps(out + i,
+                       _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+    }
+  }
+};
+
+}  // namespace turbokv::attention_detail

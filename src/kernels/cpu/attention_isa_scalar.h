@@ -1,0 +1,51 @@
+// Portable vector primitives of the attention core (attention_core.h): plain loops.
+#pragma once
+
+#include <cmath>
+#include <cstring>
+
+#include "core/half.h"
+#include "kernels/cpu/attention_core.h"
+
+namespace turbokv::attention_detail {
+
+struct ScalarIsa {
+  // out[t] = <q, keys[t]> for t < n; keys [n, d].
+  template <int D>
+  static void dot_rows(const float* q, const float* keys, int n, int d, float* out) {
+    for (int t = 0; t < n; ++t) {
+      float sum = 0;
+      for (int c = 0; c < d; ++c) sum += q[c] * keys[static_cast<int64_t>(t) * d + c];
+      out[t] = sum;
+    }
+  }
+
+  // s[t] := exp(s[t] - m) for the kTileTokens entries (-inf -> 0); returns their sum.
+  static float exp_shifted(float* s, float m) {
+    float sum = 0;
+    for (int t = 0; t < kTileTokens; ++t) {
+      s[t] = std::exp(s[t] - m);
+      sum += s[t];
+    }
+    return sum;
+  }
+
+  // acc[d] = acc * alpha + sum_t p[t] * values[t]; values [n, d].
+  template <int D>
+  static void scale_accumulate(float* acc, float alpha, const float* p, const float* values, int n,
+                               int d) {
+    for (int c = 0; c < d; ++c) acc[c] *= alpha;
+    for (int t = 0; t < n; ++t) {
+      for (int c = 0; c < d; ++c) acc[c] += p[t] * values[static_cast<int64_t>(t) * d + c];
+    }
+  }
+
+  static void f16_to_f32(const uint16_t* in, float* out, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = turbokv::f16_to_f32(in[i]);
+  }
+  static void bf16_to_f32(const uint16_t* in, float* out, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = turbokv::bf16_to_f32(in[i]);
+  }
+};
+
+}  // namespace turbokv::attention_detail

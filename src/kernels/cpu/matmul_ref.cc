@@ -1,0 +1,67 @@
+// Scalar references for matmul.h: plain loops, double accumulation.
+#include "core/error.h"
+#include "core/half.h"
+#include "kernels/cpu/matmul.h"
+
+namespace turbokv {
+namespace {
+
+float weight_at(const WeightMatrix& w, int64_t index) {
+  switch (w.dtype) {
+    case DType::F32:
+      return reinterpret_cast<const float*>(w.data)[index];
+    case DType::F16:
+      return f16_to_f32(reinterpret_cast<const uint16_t*>(w.data)[index]);
+    case DType::BF16:
+      return bf16_to_f32(reinterpret_cast<const uint16_t*>(w.data)[index]);
+    default:
+      throw InvalidArgument(str_cat("weight dtype ", dtype_name(w.dtype),
+                                    " is not supported (allowed: F32, F16, BF16)"));
+  }
+}
+
+}  // namespace
+
+WeightMatrix WeightMatrix::row_slice(int64_t begin, int64_t count) const {
+  TKV_DCHECK(begin >= 0 && count >= 0 && begin + count <= rows);
+  WeightMatrix slice = *this;
+  slice.data = data + begin * cols * int64_t(dtype_size(dtype));
+  slice.rows = count;
+  return slice;
+}
+
+void matmul_ref(const float* x, int64_t m, const WeightMatrix& w, const float* bias, float* y) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t n = 0; n < w.rows; ++n) {
+      double sum = bias != nullptr ? bias[n] : 0.0;
+      for (int64_t k = 0; k < w.cols; ++k)
+        sum += double(x[i * w.cols + k]) * weight_at(w, n * w.cols + k);
+      y[i * w.rows + n] = float(sum);
+    }
+  }
+}
+
+void widen_rows_ref(const WeightMatrix& w, int64_t begin, int64_t count, float* out) {
+  for (int64_t i = 0; i < count * w.cols; ++i) out[i] = weight_at(w, begin * w.cols + i);
+}
+
+void check_gather_rows(const WeightMatrix& w, const int32_t* rows, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (rows[i] < 0 || rows[i] >= w.rows) {
+      throw InvalidArgument(
+          str_cat("token id ", rows[i], " is outside the vocabulary [0, ", w.rows, ")"));
+    }
+  }
+}
+
+void gather_rows_ref(const WeightMatrix& w, const int32_t* rows, int64_t n, float scale,
+                     float* out) {
+  check_gather_rows(w, rows, n);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t k = 0; k < w.cols; ++k) {
+      out[i * w.cols + k] = scale * weight_at(w, rows[i] * w.cols + k);
+    }
+  }
+}
+
+}  // namespace turbokv

@@ -1,0 +1,307 @@
+// DecoderModel (decoder.h): weight binding from the family flags, and the batched forward pass.
+#include "model/decoder.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "kernels/cpu/activation.h"
+#include "kernels/cpu/norm.h"
+#include "model/rope_scaling.h"
+
+namespace turbokv {
+namespace {
+
+// Tokens per step through the matmuls: bounds activation memory during long prefills.
+constexpr int kMaxStepTokens = 512;
+// Rows of logits computed per lm_head matmul (bounds the scratch for large vocabularies).
+constexpr int64_t kLogitRowsPerBatch = 64;
+
+const float* data_or_null(const std::vector<float>& v) {
+  return v.empty() ? nullptr : v.data();
+}
+
+void add_in_place(float* x, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+// The embedding scale in the weights' dtype, as transformers multiplies it.
+float round_to_dtype(float v, DType dtype) {
+  if (dtype == DType::BF16) return bf16_to_f32(f32_to_bf16(v));
+  if (dtype == DType::F16) return f16_to_f32(f32_to_f16(v));
+  return v;
+}
+
+}  // namespace
+
+void mlp_forward(const MlpWeights& w, Activation act, const float* x, int64_t n, float* out) {
+  std::vector<float> gate(size_t(n * w.gate.rows)), up(size_t(n * w.up.rows));  // [n, I]
+  const MatmulJob gate_up[] = {{x, w.gate, data_or_null(w.gate_bias), gate.data()},
+                               {x, w.up, data_or_null(w.up_bias), up.data()}};
+  matmul_many(n, gate_up);
+  gated_activation(gate.data(), up.data(), int64_t(gate.size()), act, gate.data());
+  matmul(gate.data(), n, w.down, data_or_null(w.down_bias), out);
+}
+
+std::vector<float> DecoderModel::norm_weight(const std::string& name, int64_t n) const {
+  std::vector<float> w = weights_.vector(name, n);
+  if (config_.norm_plus_one) {
+    for (float& v : w) v += 1.0f;
+  }
+  return w;
+}
+
+DecoderModel::DecoderModel(ModelConfig config, WeightStore weights)
+    : config_(std::move(config)), weights_(std::move(weights)) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, hd = c.head_dim;
+  const int64_t q_dim = c.num_heads * hd, kv_dim = c.num_kv_heads * hd;
+
+  info_.model_type = c.model_type;
+  info_.vocab_size = c.vocab_size;
+  info_.hidden_size = c.hidden_size;
+  info_.num_layers = c.num_layers;
+  info_.num_heads = c.num_heads;
+  info_.num_kv_heads = c.num_kv_heads;
+  info_.head_dim = c.head_dim;
+  info_.max_position_embeddings = c.max_position_embeddings;
+  info_.eos_token_ids = c.eos_token_ids;
+  info_.bos_token_id = c.bos_token_id;
+
+  embed_ = weights_.matrix("model.embed_tokens.weight", c.vocab_size, H);
+  embedding_scale_ = round_to_dtype(c.embedding_scale, embed_.dtype);
+  lm_head_ = c.tie_word_embeddings ? embed_ : weights_.matrix("lm_head.weight", c.vocab_size, H);
+  final_norm_ = norm_weight("model.norm.weight", H);
+
+  auto bias = [&](bool present, const std::string& name, int64_t n) {
+    return present ? weights_.vector(name, n) : std::vector<float>();
+  };
+  auto mlp_weights = [&](const std::string& p, int64_t inter) {
+    MlpWeights m;
+    if (c.fused_gate_up) {
+      const WeightMatrix gate_up = weights_.matrix(p + "gate_up_proj.weight", 2 * inter, H);
+      m.gate = gate_up.row_slice(0, inter);
+      m.up = gate_up.row_slice(inter, inter);
+    } else {
+      m.gate = weights_.matrix(p + "gate_proj.weight", inter, H);
+      m.up = weights_.matrix(p + "up_proj.weight", inter, H);
+      m.gate_bias = bias(c.mlp_bias, p + "gate_proj.bias", inter);
+      m.up_bias = bias(c.mlp_bias, p + "up_proj.bias", inter);
+    }
+    m.down = weights_.matrix(p + "down_proj.weight", H, inter);
+    m.down_bias = bias(c.mlp_bias, p + "down_proj.bias", H);
+    return m;
+  };
+
+  layers_.resize(size_t(c.num_layers));
+  for (int l = 0; l < c.num_layers; ++l) {
+    LayerWeights& L = layers_[size_t(l)];
+    const std::string p = str_cat("model.layers.", l, ".");
+    const std::string a = p + "self_attn.";
+    L.input_norm = norm_weight(p + "input_layernorm.weight", H);
+    L.post_attention_norm = norm_weight(p + "post_attention_layernorm.weight", H);
+    if (c.sandwich_norms) {
+      L.pre_feedforward_norm = norm_weight(p + "pre_feedforward_layernorm.weight", H);
+      L.post_feedforward_norm = norm_weight(p + "post_feedforward_layernorm.weight", H);
+    }
+    if (c.qk_norm) {
+      L.q_norm = norm_weight(a + "q_norm.weight", hd);
+      L.k_norm = norm_weight(a + "k_norm.weight", hd);
+    }
+    if (c.fused_qkv) {
+      const WeightMatrix qkv = weights_.matrix(a + "qkv_proj.weight", q_dim + 2 * kv_dim, H);
+      L.q = qkv.row_slice(0, q_dim);
+      L.k = qkv.row_slice(q_dim, kv_dim);
+      L.v = qkv.row_slice(q_dim + kv_dim, kv_dim);
+    } else {
+      L.q = weights_.matrix(a + "q_proj.weight", q_dim, H);
+      L.k = weights_.matrix(a + "k_proj.weight", kv_dim, H);
+      L.v = weights_.matrix(a + "v_proj.weight", kv_dim, H);
+      L.q_bias = bias(c.qkv_bias, a + "q_proj.bias", q_dim);
+      L.k_bias = bias(c.qkv_bias, a + "k_proj.bias", kv_dim);
+      L.v_bias = bias(c.qkv_bias, a + "v_proj.bias", kv_dim);
+    }
+    L.o = weights_.matrix(a + "o_proj.weight", H, q_dim);
+    L.o_bias = bias(c.o_bias, a + "o_proj.bias", H);
+    if (!c.moe_layer.empty() && c.moe_layer[size_t(l)]) {
+      MoeWeights moe;
+      moe.router = weights_.matrix(p + "mlp.gate.weight", c.num_experts, H);
+      for (int e = 0; e < c.num_experts; ++e) {
+        moe.experts.push_back(
+            mlp_weights(str_cat(p, "mlp.experts.", e, "."), c.moe_intermediate_size));
+      }
+      moe.top_k = c.num_experts_per_token;
+      moe.norm_topk_prob = c.norm_topk_prob;
+      L.moe = std::move(moe);
+    } else {
+      L.mlp = mlp_weights(p + "mlp.", c.intermediate_size);
+    }
+  }
+}
+
+std::vector<LayerSpec> DecoderModel::layer_specs() const {
+  std::vector<LayerSpec> specs;
+  for (int l = 0; l < config_.num_layers; ++l) {
+    specs.push_back(
+        LayerSpec{config_.num_kv_heads, config_.head_dim, config_.sliding_window[size_t(l)]});
+  }
+  return specs;
+}
+
+void DecoderModel::forward(std::span<const Chunk> chunks) const {
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const Chunk& chunk = chunks[c];
+    if (chunk.caches == nullptr || int(chunk.caches->size()) != config_.num_layers) {
+      throw InvalidArgument(str_cat("chunk ", c, ": expected ", config_.num_layers,
+                                    " layer caches, got ",
+                                    chunk.caches == nullptr ? 0 : chunk.caches->size()));
+    }
+    if (chunk.n_tokens < 0 || (chunk.n_tokens > 0 && chunk.tokens == nullptr)) {
+      throw InvalidArgument(str_cat("chunk ", c, ": ", chunk.n_tokens, " tokens without data"));
+    }
+    for (int i = 0; i < chunk.n_tokens; ++i) {
+      if (chunk.tokens[i] < 0 || chunk.tokens[i] >= config_.vocab_size) {
+        throw InvalidArgument(str_cat("chunk ", c, ": token id ", chunk.tokens[i],
+                                      " is outside the vocabulary [0, ", config_.vocab_size, ")"));
+      }
+    }
+  }
+  std::vector<Slice> step;
+  int step_tokens = 0;
+  for (const Chunk& chunk : chunks) {
+    for (int begin = 0; begin < chunk.n_tokens;) {
+      const int count = std::min(chunk.n_tokens - begin, kMaxStepTokens - step_tokens);
+      step.push_back(Slice{&chunk, begin, count});
+      step_tokens += count;
+      begin += count;
+      if (step_tokens == kMaxStepTokens) {
+        run_step(step);
+        step.clear();
+        step_tokens = 0;
+      }
+    }
+  }
+  if (!step.empty()) run_step(step);
+}
+
+void DecoderModel::run_step(const std::vector<Slice>& slices) const {
+  int64_t T = 0;
+  for (const Slice& s : slices) T += s.count;
+  const int64_t H = config_.hidden_size;
+  std::vector<int32_t> tokens(static_cast<size_t>(T));     // [T]
+  std::vector<int64_t> positions(static_cast<size_t>(T));  // [T]
+  int64_t t = 0;
+  for (const Slice& s : slices) {
+    const int64_t first = (*s.chunk->caches)[0]->size();
+    for (int i = 0; i < s.count; ++i, ++t) {
+      tokens[size_t(t)] = s.chunk->tokens[s.begin + i];
+      positions[size_t(t)] = first + i;
+    }
+  }
+  std::vector<float> x(size_t(T * H));  // [T, H] residual stream
+  gather_rows(embed_, tokens.data(), T, embedding_scale_, x.data());
+  for (int l = 0; l < config_.num_layers; ++l) {
+    attention_block(layers_[size_t(l)], l, slices, positions.data(), T, x.data());
+    feed_forward_block(layers_[size_t(l)], T, x.data());
+  }
+  write_logits(slices, x.data());
+}
+
+void DecoderModel::attention_block(const LayerWeights& L, int index,
+                                   const std::vector<Slice>& slices, const int64_t* positions,
+                                   int64_t T, float* x) const {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, hd = c.head_dim;
+  const int64_t q_dim = c.num_heads * hd, kv_dim = c.num_kv_heads * hd;
+  std::vector<float> xn(size_t(T * H));                              // [T, H]
+  std::vector<float> q(size_t(T * q_dim)), attn(size_t(T * q_dim));  // [T, heads, hd]
+  std::vector<float> k(size_t(T * kv_dim)), v(size_t(T * kv_dim));   // [T, kv_heads, hd]
+  rms_norm(x, T, H, L.input_norm.data(), float(c.rms_norm_eps), xn.data());
+  const MatmulJob qkv[] = {{xn.data(), L.q, data_or_null(L.q_bias), q.data()},
+                           {xn.data(), L.k, data_or_null(L.k_bias), k.data()},
+                           {xn.data(), L.v, data_or_null(L.v_bias), v.data()}};
+  matmul_many(T, qkv);
+  if (c.qk_norm) {
+    rms_norm(q.data(), T * c.num_heads, hd, L.q_norm.data(), float(c.rms_norm_eps), q.data());
+    rms_norm(k.data(), T * c.num_kv_heads, hd, L.k_norm.data(), float(c.rms_norm_eps), k.data());
+  }
+  const int window = c.sliding_window[size_t(index)];
+  const RopeConfig& rope = window > 0 && c.rope_local ? *c.rope_local : c.rope;
+  const int64_t seq_len = *std::max_element(positions, positions + T) + 1;
+  const RopeTable table = make_rope_table(rope, int(hd), seq_len);
+  apply_rope(q.data(), T, c.num_heads, int(hd), positions, table);
+  apply_rope(k.data(), T, c.num_kv_heads, int(hd), positions, table);
+
+  AttentionParams params;
+  params.n_heads = c.num_heads;
+  params.scale = c.attention_scale;
+  params.logit_softcap = c.attn_logit_softcap;
+  params.sliding_window = window;
+  int64_t offset = 0;
+  for (const Slice& s : slices) {
+    KVCache& cache = *(*s.chunk->caches)[size_t(index)];
+    cache.append(k.data() + offset * kv_dim, v.data() + offset * kv_dim, s.count);
+    cache.attend(q.data() + offset * q_dim, s.count, params, attn.data() + offset * q_dim);
+    offset += s.count;
+  }
+  std::vector<float>& out = xn;  // [T, H], xn is no longer needed
+  matmul(attn.data(), T, L.o, data_or_null(L.o_bias), out.data());
+  if (c.sandwich_norms) {
+    rms_norm(out.data(), T, H, L.post_attention_norm.data(), float(c.rms_norm_eps), out.data());
+  }
+  add_in_place(x, out.data(), T * H);
+}
+
+void DecoderModel::feed_forward_block(const LayerWeights& L, int64_t T, float* x) const {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size;
+  const float eps = float(c.rms_norm_eps);
+  std::vector<float> xn(size_t(T * H)), out(size_t(T * H));  // [T, H]
+  rms_norm(x, T, H, (c.sandwich_norms ? L.pre_feedforward_norm : L.post_attention_norm).data(), eps,
+           xn.data());
+  if (L.moe) {
+    moe_forward(*L.moe, c.activation, xn.data(), T, H, out.data());
+  } else {
+    mlp_forward(L.mlp, c.activation, xn.data(), T, out.data());
+  }
+  if (c.sandwich_norms) rms_norm(out.data(), T, H, L.post_feedforward_norm.data(), eps, out.data());
+  add_in_place(x, out.data(), T * H);
+}
+
+void DecoderModel::write_logits(const std::vector<Slice>& slices, const float* x) const {
+  const int64_t H = config_.hidden_size, V = config_.vocab_size;
+  // Rows of x that need logits and where each goes.
+  std::vector<int64_t> rows;
+  std::vector<float*> destinations;
+  int64_t offset = 0;
+  for (const Slice& s : slices) {
+    const Chunk& chunk = *s.chunk;
+    if (chunk.all_logits) {
+      for (int i = 0; i < s.count; ++i) {
+        rows.push_back(offset + i);
+        destinations.push_back(chunk.logits + int64_t(s.begin + i) * V);
+      }
+    } else if (s.begin + s.count == chunk.n_tokens) {
+      rows.push_back(offset + s.count - 1);
+      destinations.push_back(chunk.logits);
+    }
+    offset += s.count;
+  }
+  for (size_t b = 0; b < rows.size(); b += size_t(kLogitRowsPerBatch)) {
+    const int64_t n = std::min<int64_t>(kLogitRowsPerBatch, int64_t(rows.size() - b));
+    std::vector<float> xs(size_t(n * H));      // [n, H]
+    std::vector<float> logits(size_t(n * V));  // [n, V]
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(xs.data() + i * H, x + rows[b + size_t(i)] * H, size_t(H) * sizeof(float));
+    }
+    rms_norm(xs.data(), n, H, final_norm_.data(), float(config_.rms_norm_eps), xs.data());
+    matmul(xs.data(), n, lm_head_, nullptr, logits.data());
+    if (config_.final_logit_softcap > 0) softcap(logits.data(), n * V, config_.final_logit_softcap);
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(destinations[b + size_t(i)], logits.data() + i * V, size_t(V) * sizeof(float));
+    }
+  }
+}
+
+}  // namespace turbokv

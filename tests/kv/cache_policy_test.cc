@@ -1,0 +1,119 @@
+// Cache policy: which cache each layer gets, quantized_kv_start conversion, capacity steps.
+#include "kv/cache_policy.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "attention_harness.h"
+#include "core/error.h"
+#include "kv/staged_kv_cache.h"
+
+namespace turbokv {
+namespace {
+
+ResolvedKV resolved(const KVOptions& options) {
+  return resolve_kv_options(options);
+}
+
+KVOptions bits(double kv_bits) {
+  KVOptions o;
+  o.kv_bits = kv_bits;
+  return o;
+}
+
+const std::vector<LayerSpec> kLayers = {{2, 64, 0}, {2, 64, 16}, {2, 64, 0}, {2, 64, 0}};
+
+std::vector<std::string> types(const LayerCaches& caches) {
+  std::vector<std::string> names;
+  for (const auto& c : caches) names.push_back(c->type_name());
+  return names;
+}
+
+TEST(CachePolicy, DenseSchemeKeepsSlidingLayersRotating) {
+  EXPECT_EQ(types(make_layer_caches(kLayers, ResolvedKV{}, KVDType::kF32)),
+            (std::vector<std::string>{"dense-f32", "rotating", "dense-f32", "dense-f32"}));
+  EXPECT_EQ(make_layer_caches(kLayers, ResolvedKV{})[0]->type_name(), "dense-f16");
+}
+
+TEST(CachePolicy, QuantizedSchemesSkipSlidingAndLastLayer) {
+  EXPECT_EQ(types(make_layer_caches(kLayers, resolved(bits(3.5)))),
+            (std::vector<std::string>{"turboquant", "rotating", "turboquant", "dense-f16"}));
+  EXPECT_EQ(types(make_layer_caches(kLayers, resolved(bits(4)))),
+            (std::vector<std::string>{"uniform", "rotating", "uniform", "dense-f16"}));
+  KVOptions all = bits(3.5);
+  all.last_layer_dense = false;
+  EXPECT_EQ(types(make_layer_caches(kLayers, resolved(all))),
+            (std::vector<std::string>{"turboquant", "rotating", "turboquant", "turboquant"}));
+}
+
+TEST(CachePolicy, ResolvedBitsReachTheCaches) {
+  KVOptions o = bits(3.5);
+  o.kv_key_bits = 2.5;
+  o.seed = 9;
+  const auto config = turboquant_config(resolved(o));
+  EXPECT_EQ(config.key_bits, 2.5);
+  EXPECT_EQ(config.value_bits, 4);
+  EXPECT_EQ(config.seed, 9u);
+  KVOptions u = bits(4);
+  u.kv_value_bits = 2;
+  u.kv_group_size = 32;
+  const auto uniform = uniform_config(resolved(u));
+  EXPECT_EQ(uniform.key_bits, 4);
+  EXPECT_EQ(uniform.value_bits, 2);
+  EXPECT_EQ(uniform.group_size, 32);
+}
+
+TEST(CachePolicy, QuantizedKvStartConvertsTheWholeHistoryOnce) {
+  KVOptions o = bits(3);
+  o.kv_quant_scheme = "turboquant";
+  o.quantized_kv_start = 40;
+  const ResolvedKV kv = resolved(o);
+  const std::vector<LayerSpec> layer = {{2, 64, 0}, {2, 64, 0}};
+  LayerCaches caches = make_layer_caches(layer, kv, KVDType::kF32);
+  KVCache& staged = *caches[0];
+  TurboQuantKVCache direct(2, 64, turboquant_config(kv));
+  const size_t row = 2 * 64;
+  const auto k = testing::random_normal(50 * row, 1);
+  const auto v = testing::random_normal(50 * row, 2);
+  staged.append(k.data(), v.data(), 30);
+  EXPECT_EQ(staged.type_name(), "dense-f32");
+  EXPECT_EQ(staged.nbytes(), 30u * row * 2 * 4);
+  staged.append(k.data() + 30 * row, v.data() + 30 * row, 12);  // reaches 42 >= 40
+  EXPECT_EQ(staged.type_name(), "turboquant");
+  staged.append(k.data() + 42 * row, v.data() + 42 * row, 8);
+  direct.append(k.data(), v.data(), 50);
+  EXPECT_EQ(staged.size(), 50);
+  EXPECT_EQ(staged.nbytes(), direct.nbytes());
+  const auto q = testing::random_normal(8 * 64, 3);
+  std::vector<float> a(8 * 64), b(8 * 64);
+  staged.attend(q.data(), 1, AttentionParams{8, 0.125f, 0, 0}, a.data());
+  direct.attend(q.data(), 1, AttentionParams{8, 0.125f, 0, 0}, b.data());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+}
+
+TEST(CachePolicy, CapacityGrowsInSteps) {
+  DenseKVCache dense(2, 64, KVDType::kF16);
+  const auto kv = testing::random_normal(300 * 2 * 64, 1);
+  dense.append(kv.data(), kv.data(), 1);
+  EXPECT_EQ(dense.rows().capacity(), 256);
+  dense.append(kv.data(), kv.data(), 256);
+  EXPECT_EQ(dense.rows().capacity(), 512);
+  EXPECT_EQ(dense.nbytes(), 257u * 2 * 64 * 2 * 2);  // held tokens, not capacity
+  TurboQuantKVCache tq(2, 64, {3, 4, 0, true});
+  tq.append(kv.data(), kv.data(), 300);
+  EXPECT_EQ(tq.key_rows().capacity(), 512);
+}
+
+TEST(CachePolicy, BadOptionsAreInvalidArgument) {
+  ResolvedKV kv = resolved(bits(3.5));
+  kv.quantized_kv_start = -1;
+  EXPECT_THROW(make_layer_caches(kLayers, kv), InvalidArgument);
+  ResolvedKV bad_bits = resolved(bits(3.5));
+  bad_bits.key_bits = 2.25;
+  EXPECT_THROW(make_layer_caches(kLayers, bad_bits), InvalidArgument);
+  EXPECT_THROW(make_layer_caches({{0, 64, 0}}, ResolvedKV{}), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace turbokv

@@ -1,0 +1,188 @@
+// config.json parsing: the family quirks the hf-tiny fixtures exercise, RoPE scaling rules of
+// transformers' modeling_rope_utils, and errors naming the bad field or architecture.
+#include "model/config.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numbers>
+
+#include "core/error.h"
+#include "model/rope_scaling.h"
+#include "test_util.h"
+
+namespace turbokv {
+namespace {
+
+using testing::fixture;
+
+ModelConfig tiny(const char* family) {
+  return load_model_config(fixture(std::string("hf-tiny/") + family));
+}
+
+TEST(Config, Gemma2) {
+  const ModelConfig c = tiny("gemma2");
+  EXPECT_EQ(c.sliding_window, (std::vector<int>{8, 0}));
+  EXPECT_FLOAT_EQ(c.attention_scale, 0.25f);  // query_pre_attn_scalar 16
+  EXPECT_FLOAT_EQ(c.attn_logit_softcap, 50.0f);
+  EXPECT_FLOAT_EQ(c.final_logit_softcap, 30.0f);
+  EXPECT_FLOAT_EQ(c.embedding_scale, 8.0f);
+  EXPECT_TRUE(c.norm_plus_one && c.sandwich_norms && c.tie_word_embeddings);
+  EXPECT_EQ(c.activation, Activation::kGeluTanh);
+}
+
+TEST(Config, Gemma3LocalRopeAndPattern) {
+  const ModelConfig c = tiny("gemma3_text");
+  EXPECT_EQ(c.sliding_window, (std::vector<int>{8, 8}));
+  EXPECT_DOUBLE_EQ(c.rope.theta, 1e6);
+  ASSERT_TRUE(c.rope_local.has_value());
+  EXPECT_DOUBLE_EQ(c.rope_local->theta, 1e4);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FLOAT_EQ(c.attn_logit_softcap, 0.0f);
+}
+
+TEST(Config, MistralPhi3Qwen) {
+  EXPECT_EQ(tiny("mistral").sliding_window, (std::vector<int>{8, 8}));
+  const ModelConfig phi3 = tiny("phi3");
+  EXPECT_TRUE(phi3.fused_qkv && phi3.fused_gate_up);
+  EXPECT_EQ(phi3.sliding_window, (std::vector<int>{0, 0}));
+  EXPECT_TRUE(tiny("qwen2").qkv_bias);
+  EXPECT_FALSE(tiny("qwen2").o_bias);
+  const ModelConfig moe = tiny("qwen3_moe");
+  EXPECT_EQ(moe.num_experts, 4);
+  EXPECT_EQ(moe.num_experts_per_token, 2);
+  EXPECT_EQ(moe.moe_intermediate_size, 32);
+  EXPECT_EQ(moe.moe_layer, (std::vector<bool>{true, true}));
+  EXPECT_TRUE(moe.qk_norm);
+}
+
+TEST(Config, GemmaLayerPatternWithoutLayerTypes) {
+  nlohmann::json j = {{"model_type", "gemma3_text"},
+                      {"vocab_size", 16},
+                      {"hidden_size", 8},
+                      {"intermediate_size", 16},
+                      {"num_hidden_layers", 7},
+                      {"num_attention_heads", 2},
+                      {"head_dim", 4},
+                      {"sliding_window", 32},
+                      {"sliding_window_pattern", 3},
+                      {"rope_theta", 1e6},
+                      {"rope_local_base_freq", 1e4}};
+  const ModelConfig c = parse_model_config(j, "config.json");
+  EXPECT_EQ(c.sliding_window, (std::vector<int>{32, 32, 0, 32, 32, 0, 32}));
+  EXPECT_DOUBLE_EQ(c.rope.theta, 1e6);
+  EXPECT_DOUBLE_EQ(c.rope_local->theta, 1e4);
+}
+
+TEST(Config, UnsupportedArchitectureNamesItAndTheSupportedOnes) {
+  nlohmann::json j = {{"model_type", "bert"}, {"architectures", {"BertForMaskedLM"}}};
+  try {
+    parse_model_config(j, "x/config.json");
+    FAIL();
+  } catch (const Unsupported& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("'bert'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("BertForMaskedLM"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe"),
+              std::string::npos)
+        << msg;
+  }
+}
+
+TEST(Config, MalformedFieldsNameTheField) {
+  nlohmann::json j = {{"model_type", "llama"}, {"vocab_size", "many"}};
+  EXPECT_THROW(
+      {
+        try {
+          parse_model_config(j, "config.json");
+        } catch (const FormatError& e) {
+          EXPECT_NE(std::string(e.what()).find("'vocab_size' is \"many\""), std::string::npos);
+          throw;
+        }
+      },
+      FormatError);
+  nlohmann::json scaled = {{"model_type", "llama"},
+                           {"vocab_size", 16},
+                           {"hidden_size", 8},
+                           {"intermediate_size", 16},
+                           {"num_hidden_layers", 1},
+                           {"num_attention_heads", 2},
+                           {"rope_scaling", {{"rope_type", "longrope"}}}};
+  EXPECT_THROW(parse_model_config(scaled, "config.json"), Unsupported);
+  scaled["rope_scaling"] = nullptr;
+  scaled["num_key_value_heads"] = 3;
+  EXPECT_THROW(parse_model_config(scaled, "config.json"), FormatError);
+}
+
+TEST(RopeScaling, DefaultAndLinear) {
+  RopeConfig r;
+  r.theta = 10000;
+  const RopeTable plain = make_rope_table(r, 16, 1);
+  ASSERT_EQ(plain.rotary_dim(), 16);
+  EXPECT_FLOAT_EQ(plain.inv_freq[0], 1.0f);
+  EXPECT_NEAR(plain.inv_freq[4], std::pow(10000.0, -0.5), 1e-7);
+  r.type = "linear";
+  r.factor = 4;
+  const RopeTable linear = make_rope_table(r, 16, 1);
+  for (int i = 0; i < 8; ++i)
+    EXPECT_FLOAT_EQ(linear.inv_freq[size_t(i)], plain.inv_freq[size_t(i)] / 4);
+  r.type = "default";
+  r.partial_rotary_factor = 0.5;
+  EXPECT_EQ(make_rope_table(r, 16, 1).rotary_dim(), 8);
+}
+
+// Llama 3.1's rope_scaling: high frequencies (wavelength < 8192/4) unchanged, low ones (> 8192)
+// divided by 8, a smooth blend between.
+TEST(RopeScaling, Llama3) {
+  RopeConfig r;
+  r.type = "llama3";
+  r.theta = 500000;
+  r.factor = 8;
+  r.low_freq_factor = 1;
+  r.high_freq_factor = 4;
+  r.original_max_position_embeddings = 8192;
+  RopeConfig base = r;
+  base.type = "default";
+  const RopeTable scaled = make_rope_table(r, 128, 1), plain = make_rope_table(base, 128, 1);
+  for (int i = 0; i < 64; ++i) {
+    const double wavelen = 2 * std::numbers::pi / plain.inv_freq[size_t(i)];
+    if (wavelen < 2048) {
+      EXPECT_FLOAT_EQ(scaled.inv_freq[size_t(i)], plain.inv_freq[size_t(i)]);
+    }
+    if (wavelen > 8192) {
+      EXPECT_FLOAT_EQ(scaled.inv_freq[size_t(i)], plain.inv_freq[size_t(i)] / 8);
+    }
+    EXPECT_LE(scaled.inv_freq[size_t(i)], plain.inv_freq[size_t(i)] * 1.0000001f);
+    EXPECT_GE(scaled.inv_freq[size_t(i)], plain.inv_freq[size_t(i)] / 8 * 0.9999999f);
+  }
+}
+
+// YaRN factor 4: attention factor 0.1 ln 4 + 1; fastest dims extrapolate (unchanged), slowest
+// interpolate (divided by the factor).
+TEST(RopeScaling, YarnAndDynamic) {
+  RopeConfig r;
+  r.type = "yarn";
+  r.theta = 1e6;
+  r.factor = 4;
+  r.original_max_position_embeddings = 32768;
+  RopeConfig base = r;
+  base.type = "default";
+  const RopeTable yarn = make_rope_table(r, 128, 1), plain = make_rope_table(base, 128, 1);
+  EXPECT_NEAR(yarn.attention_scaling, 0.1 * std::log(4.0) + 1, 1e-6);
+  EXPECT_FLOAT_EQ(yarn.inv_freq[0], plain.inv_freq[0]);
+  EXPECT_FLOAT_EQ(yarn.inv_freq[63], plain.inv_freq[63] / 4);
+
+  r.type = "dynamic";
+  r.factor = 2;
+  r.original_max_position_embeddings = 100;
+  const RopeTable short_seq = make_rope_table(r, 16, 100), long_seq = make_rope_table(r, 16, 400);
+  RopeConfig unscaled;
+  unscaled.theta = 1e6;
+  EXPECT_EQ(short_seq.inv_freq, make_rope_table(unscaled, 16, 1).inv_freq);
+  // base' = base * (2 * 400 / 100 - 1)^(16/14)
+  const double theta = 1e6 * std::pow(7.0, 16.0 / 14.0);
+  EXPECT_NEAR(long_seq.inv_freq[1], std::pow(theta, -2.0 / 16), 1e-7);
+}
+
+}  // namespace
+}  // namespace turbokv

@@ -1,0 +1,136 @@
+// Golden end-to-end checks against Hugging Face transformers: logits of the reference prompt
+// within a stated tolerance, and the greedy continuation token for token (prompt prefill, then
+// one token per decode step through the caches).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/safetensors.h"
+#include "model/model.h"
+#include "test_util.h"
+
+namespace turbokv {
+namespace {
+
+using testing::fixture;
+
+struct Golden {
+  std::string model_dir;
+  std::string reference;
+  float logits_tolerance;
+};
+
+int32_t argmax(const float* v, int n) {
+  return int32_t(std::max_element(v, v + n) - v);
+}
+
+void check_golden(const Golden& g) {
+  std::unique_ptr<Model> model = Model::load(g.model_dir);
+  const SafetensorsFile ref = SafetensorsFile::open(g.reference);
+  const std::vector<int64_t> ids64 = SafetensorsFile::to_i64(ref.at("input_ids"));
+  const std::vector<float> want = SafetensorsFile::to_f32(ref.at("logits"));
+  const std::vector<int64_t> generated = SafetensorsFile::to_i64(ref.at("generated"));
+  const std::vector<int32_t> ids(ids64.begin(), ids64.end());
+  const int V = model->info().vocab_size;
+  const int n = int(ids.size());
+  ASSERT_EQ(want.size(), size_t(n) * V);
+
+  LayerCaches caches = testing::f32_caches(*model);
+  std::vector<float> logits(size_t(n) * V);  // [n, V]
+  Model::Chunk chunk{ids.data(), n, &caches, logits.data(), true};
+  model->forward({&chunk, 1});
+  float max_diff = 0;
+  for (size_t i = 0; i < logits.size(); ++i)
+    max_diff = std::max(max_diff, std::abs(logits[i] - want[i]));
+  EXPECT_LE(max_diff, g.logits_tolerance) << g.model_dir;
+
+  // `generated` holds only the new tokens (its length is the number generated).
+  std::vector<int32_t> greedy;
+  std::vector<float> last(static_cast<size_t>(V));
+  int32_t next = argmax(logits.data() + size_t(n - 1) * V, V);
+  for (size_t i = 0; i < generated.size(); ++i) {
+    greedy.push_back(next);
+    if (i + 1 == generated.size()) break;
+    Model::Chunk step{&next, 1, &caches, last.data(), false};
+    model->forward({&step, 1});
+    next = argmax(last.data(), V);
+  }
+  EXPECT_EQ(std::vector<int64_t>(greedy.begin(), greedy.end()), generated) << g.model_dir;
+}
+
+class HfTinyGolden : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HfTinyGolden, LogitsAndGreedyTokensMatchTransformers) {
+  const std::string dir = fixture(std::string("hf-tiny/") + GetParam());
+  check_golden({dir, dir + "/reference.safetensors", 1e-3f});
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HfTinyGolden,
+                         ::testing::Values("llama", "qwen2", "qwen3", "mistral", "gemma3_text",
+                                           "phi3", "qwen3_moe"));
+
+// transformers 5 runs gemma2 with SDPA attention by default, and SDPA skips
+// attn_logit_softcapping (only the eager path applies it); the fixture was made that way.
+// With the cap removed from config.json we must match it like every other family; with the
+// cap (the architecture as trained, and our default) the logits move by about 1e-3 and the
+// greedy tokens stay the same.
+TEST(Gemma2Golden, MatchesTransformersSdpaWithoutAttentionSoftcap) {
+  namespace fs = std::filesystem;
+  const fs::path src = fixture("hf-tiny/gemma2");
+  const fs::path dir =
+      fs::temp_directory_path() / ("turbokv_gemma2_sdpa_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (const char* f : {"model.safetensors", "generation_config.json"}) {
+    fs::copy_file(src / f, dir / f, fs::copy_options::overwrite_existing);
+  }
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(src / "config.json"));
+  ASSERT_EQ(config["attn_logit_softcapping"], 50.0);
+  config["attn_logit_softcapping"] = nullptr;
+  std::ofstream(dir / "config.json") << config.dump();
+  check_golden({dir.string(), (src / "reference.safetensors").string(), 1e-3f});
+  fs::remove_all(dir);
+}
+
+TEST(Gemma2Golden, AttentionSoftcapMovesLogitsSlightly) {
+  const std::string dir = fixture("hf-tiny/gemma2");
+  check_golden({dir, dir + "/reference.safetensors", 2e-3f});
+}
+
+TEST(TinycodeGolden, LogitsAndGreedyTokensMatchTransformers) {
+  check_golden({testing::repo_path("models/tinycode-llama"),
+                fixture("tinycode-llama-reference.safetensors"), 2e-2f});
+}
+
+// The same prompt split into several chunks of one batched forward, and across steps, gives
+// the logits of one whole-prompt forward.
+TEST(BatchedForward, ChunksAndSplitPromptsAgreeWithOneSequence) {
+  std::unique_ptr<Model> model = Model::load(fixture("hf-tiny/gemma2"));
+  const SafetensorsFile ref =
+      SafetensorsFile::open(fixture("hf-tiny/gemma2/reference.safetensors"));
+  const std::vector<int64_t> ids64 = SafetensorsFile::to_i64(ref.at("input_ids"));
+  const std::vector<int32_t> ids(ids64.begin(), ids64.end());
+  const int V = model->info().vocab_size, n = int(ids.size());
+  LayerCaches whole = testing::f32_caches(*model);
+  std::vector<float> want(size_t(n) * V);
+  Model::Chunk one{ids.data(), n, &whole, want.data(), true};
+  model->forward({&one, 1});
+
+  // Sequence A: the prompt in two forwards (10 + 14 tokens); sequence B rides along in the
+  // same calls with the whole prompt, last-token logits only.
+  LayerCaches a = testing::f32_caches(*model), b = testing::f32_caches(*model);
+  std::vector<float> got(size_t(n) * V), b_last(static_cast<size_t>(V));
+  Model::Chunk first[] = {{ids.data(), 10, &a, got.data(), true},
+                          {ids.data(), n, &b, b_last.data(), false}};
+  model->forward(first);
+  Model::Chunk second{ids.data() + 10, n - 10, &a, got.data() + size_t(10) * V, true};
+  model->forward({&second, 1});
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
+  for (int i = 0; i < V; ++i) ASSERT_NEAR(b_last[size_t(i)], want[size_t(n - 1) * V + i], 1e-4f);
+}
+
+}  // namespace
+}  // namespace turbokv
