@@ -529,24 +529,24 @@ class Parser {
     return params;
   }
 
-  ExprPtr parse_expression() { return parse_condexpr(true); }
+  ExprPtr parse_expression() { return parse_condexpr(); }
 
   // `a, b` without brackets (set a = 1, 2 / for x in a, b) makes a tuple.
   ExprPtr parse_tuple(bool with_condexpr) {
     const Location at = where();
-    ExprPtr first = with_condexpr ? parse_condexpr(true) : parse_or();
+    ExprPtr first = with_condexpr ? parse_condexpr() : parse_or();
     if (!is_op(",")) return first;
     auto tuple = make(Expr::Kind::kTuple, at);
     tuple->items.push_back(std::move(first));
     while (is_op(",")) {
       advance();
       if (peek().type == Type::kBlockEnd) break;
-      tuple->items.push_back(with_condexpr ? parse_condexpr(true) : parse_or());
+      tuple->items.push_back(with_condexpr ? parse_condexpr() : parse_or());
     }
     return tuple;
   }
 
-  ExprPtr parse_condexpr(bool) {
+  ExprPtr parse_condexpr() {
     const DepthGuard guard(*this);
     const Location at = where();
     ExprPtr expr = parse_or();
@@ -557,7 +557,7 @@ class Parser {
       cond->items.push_back(parse_or());
       if (is_name("else")) {
         advance();
-        cond->items.push_back(parse_condexpr(true));
+        cond->items.push_back(parse_condexpr());
       } else {
         cond->items.push_back(nullptr);
       }
