@@ -163,6 +163,13 @@ class Lexer {
       if (!text.empty()) tokens_.push_back({Token::Type::kText, std::move(text), pos});
       if (tag >= src_.size()) break;
       pos = lex_tag(tag, strip_next);
+      const size_t n = tokens_.size();
+      if (n >= 3 && tokens_[n - 3].type == Token::Type::kBlockBegin &&
+          tokens_[n - 2].type == Token::Type::kName && tokens_[n - 2].value == "raw" &&
+          tokens_[n - 1].type == Token::Type::kBlockEnd) {
+        tokens_.resize(n - 3);
+        pos = lex_raw(tag, pos, strip_next);
+      }
     }
     tokens_.push_back({Token::Type::kEnd, "", src_.size()});
     return std::move(tokens_);
@@ -224,6 +231,38 @@ class Lexer {
       }
       pos = lex_expression_token(pos, depth);
     }
+  }
+
+  // The body of {% raw %} up to {% endraw %} is text, taken literally.
+  size_t lex_raw(size_t raw_tag, size_t pos, bool& strip_next) {
+    // Unlike other block tags, Jinja keeps the newline after {% raw %}.
+    if (!strip_next && pos >= 3 && src_[pos - 1] == '\n' && src_.compare(pos - 3, 2, "%}") == 0) {
+      --pos;
+    }
+    if (strip_next) {
+      while (pos < src_.size() && std::isspace(static_cast<unsigned char>(src_[pos]))) ++pos;
+    }
+    for (size_t at = src_.find("{%", pos); at != std::string::npos; at = src_.find("{%", at + 2)) {
+      const char modifier = at + 2 < src_.size() ? src_[at + 2] : '\0';
+      size_t q = at + 2 + (modifier == '-' || modifier == '+');
+      while (q < src_.size() && std::isspace(static_cast<unsigned char>(src_[q]))) ++q;
+      if (src_.compare(q, 6, "endraw") != 0) continue;
+      q += 6;
+      while (q < src_.size() && std::isspace(static_cast<unsigned char>(src_[q]))) ++q;
+      const bool dash = q < src_.size() && src_[q] == '-';
+      if (src_.compare(q + dash, 2, "%}") != 0) continue;
+      std::string text = src_.substr(pos, at - pos);
+      if (modifier == '-') {
+        const size_t keep = text.find_last_not_of(" \t\n\r\f\v");
+        text.resize(keep == std::string::npos ? 0 : keep + 1);
+      } else if (modifier != '+') {
+        lstrip_line(text, pos);
+      }
+      if (!text.empty()) tokens_.push_back({Token::Type::kText, std::move(text), pos});
+      strip_next = dash;
+      return trim_newline(q + dash + 2, strip_next);
+    }
+    throw errors_.error(raw_tag, "missing '{% endraw %}' for this '{% raw %}'");
   }
 
   // trim_blocks: a single newline right after a block or comment tag is removed.

@@ -134,6 +134,8 @@ TEST(ChatTemplate, StatementsAndWhitespaceControl) {
   EXPECT_EQ(render("a  {{- ' b ' -}}  c"), "a b c");
   EXPECT_EQ(render("{# comment #}\nx{%+ if true %}y{% endif %}"), "xy");
   EXPECT_EQ(render("  {%+ if true +%}\nx{% endif %}"), "  \nx");
+  EXPECT_EQ(render("{% raw %}\n{{ not evaluated }}{% if %}\n  {% endraw %}|"),
+            "\n{{ not evaluated }}{% if %}\n|");
 }
 
 TEST(ChatTemplate, RuntimeErrorsUsePythonMessages) {
