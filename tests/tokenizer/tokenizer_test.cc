@@ -148,7 +148,7 @@ TEST(Tokenizer, StructuralErrorsNameTheBadEntry) {
   EXPECT_NE(error_of(R"({"model": {"type": "BPE", "vocab": {}, "merges": []},
                           "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(a"},
                                             "behavior": "Isolated"}})")
-                .find("invalid regex '(a'"),
+                .find("tokenizer.json: pre_tokenizer.pattern: invalid regex '(a'"),
             std::string::npos);
   EXPECT_THROW(Tokenizer::from_file("/nonexistent/tokenizer.json"), IoError);
 }
