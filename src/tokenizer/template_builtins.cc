@@ -340,9 +340,11 @@ Value call_dict_method(const Value& dict, const std::string& name, const ValueLi
 
 // Python's floor division and modulo.
 Value floor_div_or_mod(const Value& a, const Value& b, bool mod) {
+  const bool floats = a.is_float() || b.is_float();
   if (b.as_double() == 0.0) {
-    throw TemplateError(mod ? "integer division or modulo by zero"
-                            : "integer division or modulo by zero");
+    throw TemplateError(!floats ? "integer division or modulo by zero"
+                        : mod   ? "float modulo"
+                                : "float floor division by zero");
   }
   if (a.is_float() || b.is_float()) {
     const double x = a.as_double(), y = b.as_double();

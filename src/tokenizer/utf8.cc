@@ -65,17 +65,6 @@ void append(std::string& out, char32_t cp) {
   }
 }
 
-size_t incomplete_tail(std::string_view s) {
-  // Look back at most 3 bytes for a lead byte whose sequence runs past the end.
-  for (size_t back = 1; back <= 3 && back <= s.size(); ++back) {
-    const unsigned char b = s[s.size() - back];
-    if ((b & 0xC0) == 0x80) continue;  // continuation byte: keep looking for the lead
-    const size_t len = seq_len(b);
-    return len > back ? back : 0;
-  }
-  return 0;
-}
-
 bool is_space(char32_t cp) {
   if ((cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85) return true;
   if (cp < 0x80) return false;
