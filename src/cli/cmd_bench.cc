@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/bench_e2e.h"
 #include "cli/command.h"
 #include "core/error.h"
 #include "core/threads.h"
@@ -175,13 +176,16 @@ int bench_main(int argc, char** argv) {
   attention_cmd->add_option("--threads", attention.threads, "worker threads");
   attention_cmd->add_option("--repeats", attention.repeats, "timed runs per kernel (median)");
   attention_cmd->add_flag("--json", attention.json, "print one JSON object");
+  E2EBenchFlags e2e;
+  CLI::App* e2e_cmd = add_e2e_bench(app, e2e);
   if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
   if (attention_cmd->parsed()) return run_attention_bench(attention);
+  if (e2e_cmd->parsed()) return run_e2e_bench(e2e);
   return 2;
 }
 
 }  // namespace
 
-TURBOKV_COMMAND("bench", "benchmarks (attention)", bench_main);
+TURBOKV_COMMAND("bench", "benchmarks (attention, e2e)", bench_main);
 
 }  // namespace turbokv::cli

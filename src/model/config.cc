@@ -56,8 +56,9 @@ RopeConfig parse_rope(const nlohmann::json& params, const nlohmann::json& top,
                               "' is not supported (supported: default, linear, llama3, yarn, "
                               "dynamic)"));
   }
-  r.partial_rotary_factor = get_number(params, "partial_rotary_factor", path)
-                                .value_or(get_number(top, "partial_rotary_factor", path).value_or(1));
+  r.partial_rotary_factor =
+      get_number(params, "partial_rotary_factor", path)
+          .value_or(get_number(top, "partial_rotary_factor", path).value_or(1));
   const int64_t max_pos = get_int(top, "max_position_embeddings", path).value_or(0);
   r.original_max_position_embeddings =
       get_int(params, "original_max_position_embeddings", path).value_or(max_pos);
@@ -88,8 +89,9 @@ void parse_ropes(const nlohmann::json& j, const std::string& path, ModelConfig& 
     // Per layer type (gemma3): {"full_attention": {...}, "sliding_attention": {...}}.
     auto full = params->find("full_attention");
     if (full == params->end()) {
-      throw FormatError(str_cat(path, ": rope_parameters has neither rope_type nor a "
-                                      "'full_attention' entry"));
+      throw FormatError(str_cat(path,
+                                ": rope_parameters has neither rope_type nor a "
+                                "'full_attention' entry"));
     }
     c.rope = parse_rope(*full, j, path, top_theta);
     auto sliding = params->find("sliding_attention");
@@ -101,8 +103,9 @@ void parse_ropes(const nlohmann::json& j, const std::string& path, ModelConfig& 
     return;
   }
   auto scaling = j.find("rope_scaling");
-  c.rope = parse_rope(scaling != j.end() && scaling->is_object() ? *scaling : nlohmann::json::object(),
-                      j, path, top_theta);
+  c.rope =
+      parse_rope(scaling != j.end() && scaling->is_object() ? *scaling : nlohmann::json::object(),
+                 j, path, top_theta);
 }
 
 void parse_layer_types(const nlohmann::json& j, const std::string& path, ModelConfig& c) {
@@ -110,8 +113,8 @@ void parse_layer_types(const nlohmann::json& j, const std::string& path, ModelCo
   auto types = j.find("layer_types");
   if (types == j.end() || types->is_null()) return;
   if (!types->is_array() || int(types->size()) != c.num_layers) {
-    throw FormatError(str_cat(path, ": layer_types must list ", c.num_layers,
-                              " layer types, got ", types->dump()));
+    throw FormatError(str_cat(path, ": layer_types must list ", c.num_layers, " layer types, got ",
+                              types->dump()));
   }
   const int64_t window = get_int(j, "sliding_window", path).value_or(0);
   for (int i = 0; i < c.num_layers; ++i) {
@@ -123,8 +126,8 @@ void parse_layer_types(const nlohmann::json& j, const std::string& path, ModelCo
                                 "sliding_attention)"));
     }
     if (window <= 0) {
-      throw FormatError(str_cat(path, ": layer ", i,
-                                " is sliding_attention but sliding_window is not positive"));
+      throw FormatError(
+          str_cat(path, ": layer ", i, " is sliding_attention but sliding_window is not positive"));
     }
     c.sliding_window[size_t(i)] = int(window);
   }
@@ -139,7 +142,8 @@ std::vector<int32_t> token_ids(const nlohmann::json& j, const char* key, const s
   } else if (it->is_array()) {
     for (const auto& v : *it) {
       if (!v.is_number_integer()) {
-        throw FormatError(str_cat(path, ": field '", key, "' must hold integers, got ", it->dump()));
+        throw FormatError(
+            str_cat(path, ": field '", key, "' must hold integers, got ", it->dump()));
       }
       ids.push_back(v.get<int32_t>());
     }
@@ -195,10 +199,11 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& path)
   if (family == nullptr) {
     std::string arch;
     auto archs = j.find("architectures");
-    if (archs != j.end() && archs->is_array() && !archs->empty()) arch = " (" + archs->front().dump() + ")";
-    throw Unsupported(str_cat(path, ": architecture '", *model_type, "'", arch,
-                              " is not supported; supported model_type values: ",
-                              supported_model_types()));
+    if (archs != j.end() && archs->is_array() && !archs->empty())
+      arch = " (" + archs->front().dump() + ")";
+    throw Unsupported(
+        str_cat(path, ": architecture '", *model_type, "'", arch,
+                " is not supported; supported model_type values: ", supported_model_types()));
   }
 
   ModelConfig c;
@@ -209,8 +214,8 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& path)
   c.num_layers = int(require_int(j, "num_hidden_layers", path));
   c.num_heads = int(require_int(j, "num_attention_heads", path));
   c.num_kv_heads = int(get_int(j, "num_key_value_heads", path).value_or(c.num_heads));
-  c.head_dim = int(get_int(j, "head_dim", path)
-                       .value_or(c.num_heads > 0 ? c.hidden_size / c.num_heads : 0));
+  c.head_dim =
+      int(get_int(j, "head_dim", path).value_or(c.num_heads > 0 ? c.hidden_size / c.num_heads : 0));
   c.max_position_embeddings = get_int(j, "max_position_embeddings", path).value_or(0);
   c.rms_norm_eps = get_number(j, "rms_norm_eps", path).value_or(1e-6);
   c.activation = parse_activation(j, path);

@@ -4,11 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "kernels/cpu/activation.h"
 
@@ -49,19 +48,19 @@ struct ModelConfig {
   bool qkv_bias = false;
   bool o_bias = false;
   bool mlp_bias = false;
-  bool qk_norm = false;          // per-head RMSNorm of q and k before RoPE (qwen3, gemma3)
-  bool norm_plus_one = false;    // RMSNorm weight applied as (1 + w) (gemma)
-  bool sandwich_norms = false;   // post-attention, pre/post-feedforward norms (gemma2/3)
-  bool fused_qkv = false;        // phi3 qkv_proj
-  bool fused_gate_up = false;    // phi3 gate_up_proj
-  float embedding_scale = 1;     // gemma: sqrt(hidden_size), rounded to the weights' dtype
-  float attention_scale = 0;     // score = scale * <q, k>
-  float attn_logit_softcap = 0;  // gemma2
-  float final_logit_softcap = 0; // gemma2
+  bool qk_norm = false;           // per-head RMSNorm of q and k before RoPE (qwen3, gemma3)
+  bool norm_plus_one = false;     // RMSNorm weight applied as (1 + w) (gemma)
+  bool sandwich_norms = false;    // post-attention, pre/post-feedforward norms (gemma2/3)
+  bool fused_qkv = false;         // phi3 qkv_proj
+  bool fused_gate_up = false;     // phi3 gate_up_proj
+  float embedding_scale = 1;      // gemma: sqrt(hidden_size), rounded to the weights' dtype
+  float attention_scale = 0;      // score = scale * <q, k>
+  float attn_logit_softcap = 0;   // gemma2
+  float final_logit_softcap = 0;  // gemma2
 
-  std::vector<int> sliding_window;      // [num_layers], 0 = global attention
-  RopeConfig rope;                      // global (full-attention) layers
-  std::optional<RopeConfig> rope_local; // sliding layers, when they differ (gemma3)
+  std::vector<int> sliding_window;       // [num_layers], 0 = global attention
+  RopeConfig rope;                       // global (full-attention) layers
+  std::optional<RopeConfig> rope_local;  // sliding layers, when they differ (gemma3)
 
   // Mixture of experts (qwen3_moe); num_experts == 0 means a dense MLP everywhere.
   int num_experts = 0;

@@ -18,7 +18,9 @@ constexpr int kMaxStepTokens = 512;
 // Rows of logits computed per lm_head matmul (bounds the scratch for large vocabularies).
 constexpr int64_t kLogitRowsPerBatch = 64;
 
-const float* data_or_null(const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); }
+const float* data_or_null(const std::vector<float>& v) {
+  return v.empty() ? nullptr : v.data();
+}
 
 void add_in_place(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
@@ -35,8 +37,9 @@ float round_to_dtype(float v, DType dtype) {
 
 void mlp_forward(const MlpWeights& w, Activation act, const float* x, int64_t n, float* out) {
   std::vector<float> gate(size_t(n * w.gate.rows)), up(size_t(n * w.up.rows));  // [n, I]
-  matmul(x, n, w.gate, data_or_null(w.gate_bias), gate.data());
-  matmul(x, n, w.up, data_or_null(w.up_bias), up.data());
+  const MatmulJob gate_up[] = {{x, w.gate, data_or_null(w.gate_bias), gate.data()},
+                               {x, w.up, data_or_null(w.up_bias), up.data()}};
+  matmul_many(n, gate_up);
   gated_activation(gate.data(), up.data(), int64_t(gate.size()), act, gate.data());
   matmul(gate.data(), n, w.down, data_or_null(w.down_bias), out);
 }
@@ -125,7 +128,8 @@ DecoderModel::DecoderModel(ModelConfig config, WeightStore weights)
       MoeWeights moe;
       moe.router = weights_.matrix(p + "mlp.gate.weight", c.num_experts, H);
       for (int e = 0; e < c.num_experts; ++e) {
-        moe.experts.push_back(mlp_weights(str_cat(p, "mlp.experts.", e, "."), c.moe_intermediate_size));
+        moe.experts.push_back(
+            mlp_weights(str_cat(p, "mlp.experts.", e, "."), c.moe_intermediate_size));
       }
       moe.top_k = c.num_experts_per_token;
       moe.norm_topk_prob = c.norm_topk_prob;
@@ -139,7 +143,8 @@ DecoderModel::DecoderModel(ModelConfig config, WeightStore weights)
 std::vector<LayerSpec> DecoderModel::layer_specs() const {
   std::vector<LayerSpec> specs;
   for (int l = 0; l < config_.num_layers; ++l) {
-    specs.push_back(LayerSpec{config_.num_kv_heads, config_.head_dim, config_.sliding_window[size_t(l)]});
+    specs.push_back(
+        LayerSpec{config_.num_kv_heads, config_.head_dim, config_.sliding_window[size_t(l)]});
   }
   return specs;
 }
@@ -209,13 +214,14 @@ void DecoderModel::attention_block(const LayerWeights& L, int index,
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, hd = c.head_dim;
   const int64_t q_dim = c.num_heads * hd, kv_dim = c.num_kv_heads * hd;
-  std::vector<float> xn(size_t(T * H));  // [T, H]
+  std::vector<float> xn(size_t(T * H));                              // [T, H]
   std::vector<float> q(size_t(T * q_dim)), attn(size_t(T * q_dim));  // [T, heads, hd]
   std::vector<float> k(size_t(T * kv_dim)), v(size_t(T * kv_dim));   // [T, kv_heads, hd]
   rms_norm(x, T, H, L.input_norm.data(), float(c.rms_norm_eps), xn.data());
-  matmul(xn.data(), T, L.q, data_or_null(L.q_bias), q.data());
-  matmul(xn.data(), T, L.k, data_or_null(L.k_bias), k.data());
-  matmul(xn.data(), T, L.v, data_or_null(L.v_bias), v.data());
+  const MatmulJob qkv[] = {{xn.data(), L.q, data_or_null(L.q_bias), q.data()},
+                           {xn.data(), L.k, data_or_null(L.k_bias), k.data()},
+                           {xn.data(), L.v, data_or_null(L.v_bias), v.data()}};
+  matmul_many(T, qkv);
   if (c.qk_norm) {
     rms_norm(q.data(), T * c.num_heads, hd, L.q_norm.data(), float(c.rms_norm_eps), q.data());
     rms_norm(k.data(), T * c.num_kv_heads, hd, L.k_norm.data(), float(c.rms_norm_eps), k.data());
@@ -252,8 +258,8 @@ void DecoderModel::feed_forward_block(const LayerWeights& L, int64_t T, float* x
   const int64_t H = c.hidden_size;
   const float eps = float(c.rms_norm_eps);
   std::vector<float> xn(size_t(T * H)), out(size_t(T * H));  // [T, H]
-  rms_norm(x, T, H, (c.sandwich_norms ? L.pre_feedforward_norm : L.post_attention_norm).data(),
-           eps, xn.data());
+  rms_norm(x, T, H, (c.sandwich_norms ? L.pre_feedforward_norm : L.post_attention_norm).data(), eps,
+           xn.data());
   if (L.moe) {
     moe_forward(*L.moe, c.activation, xn.data(), T, H, out.data());
   } else {
@@ -284,8 +290,8 @@ void DecoderModel::write_logits(const std::vector<Slice>& slices, const float* x
   }
   for (size_t b = 0; b < rows.size(); b += size_t(kLogitRowsPerBatch)) {
     const int64_t n = std::min<int64_t>(kLogitRowsPerBatch, int64_t(rows.size() - b));
-    std::vector<float> xs(size_t(n * H));       // [n, H]
-    std::vector<float> logits(size_t(n * V));   // [n, V]
+    std::vector<float> xs(size_t(n * H));      // [n, H]
+    std::vector<float> logits(size_t(n * V));  // [n, V]
     for (int64_t i = 0; i < n; ++i) {
       std::memcpy(xs.data() + i * H, x + rows[b + size_t(i)] * H, size_t(H) * sizeof(float));
     }

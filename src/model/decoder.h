@@ -21,7 +21,7 @@
 namespace turbokv {
 
 struct MlpWeights {
-  WeightMatrix gate, up, down;                      // [I, H], [I, H], [H, I]
+  WeightMatrix gate, up, down;                       // [I, H], [I, H], [H, I]
   std::vector<float> gate_bias, up_bias, down_bias;  // empty when the model has none
 };
 
@@ -41,9 +41,9 @@ void moe_forward(const MoeWeights& w, Activation act, const float* x, int64_t n,
                  float* out);
 
 struct LayerWeights {
-  std::vector<float> input_norm, post_attention_norm;     // [H]
+  std::vector<float> input_norm, post_attention_norm;              // [H]
   std::vector<float> pre_feedforward_norm, post_feedforward_norm;  // [H], sandwich norms only
-  std::vector<float> q_norm, k_norm;                      // [head_dim], qk_norm only
+  std::vector<float> q_norm, k_norm;                               // [head_dim], qk_norm only
   WeightMatrix q, k, v, o;  // [heads*hd, H], [kv*hd, H], [kv*hd, H], [H, heads*hd]
   std::vector<float> q_bias, k_bias, v_bias, o_bias;
   MlpWeights mlp;

@@ -36,7 +36,8 @@ void configure_qwen3_moe(const nlohmann::json& j, const std::string& path, Model
   if (auto it = j.find("mlp_only_layers"); it != j.end() && it->is_array()) {
     for (const auto& v : *it) {
       if (!v.is_number_integer()) {
-        throw FormatError(str_cat(path, ": mlp_only_layers must hold layer indices, got ", it->dump()));
+        throw FormatError(
+            str_cat(path, ": mlp_only_layers must hold layer indices, got ", it->dump()));
       }
       dense_layers.push_back(v.get<int64_t>());
     }

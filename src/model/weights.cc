@@ -4,9 +4,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <set>
-
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/error.h"
 
@@ -42,8 +41,8 @@ WeightStore WeightStore::open(const std::string& dir) {
     std::set<std::string> seen;
     for (const auto& [name, file] : map->items()) {
       if (!file.is_string()) {
-        throw FormatError(str_cat(index_path.string(), ": weight_map entry '", name,
-                                  "' is ", file.dump(), ", expected a file name"));
+        throw FormatError(str_cat(index_path.string(), ": weight_map entry '", name, "' is ",
+                                  file.dump(), ", expected a file name"));
       }
       const std::string shard = file.get<std::string>();
       expected_shard[name] = shard;
@@ -55,8 +54,9 @@ WeightStore WeightStore::open(const std::string& dir) {
   for (const std::string& shard : shards) {
     const fs::path path = fs::path(dir) / shard;
     if (!fs::exists(path)) {
-      throw IoError(str_cat("weights file ", path.string(), " is missing",
-                            expected_shard.empty() ? "" : " (listed in model.safetensors.index.json)"));
+      throw IoError(
+          str_cat("weights file ", path.string(), " is missing",
+                  expected_shard.empty() ? "" : " (listed in model.safetensors.index.json)"));
     }
     store.files_.push_back(SafetensorsFile::open(path.string()));
   }
@@ -67,8 +67,8 @@ WeightStore WeightStore::open(const std::string& dir) {
     auto it = store.tensors_.find(name);
     if (it == store.tensors_.end() ||
         fs::path(it->second.second->path()).filename().string() != shard) {
-      throw FormatError(str_cat("tensor '", name, "' is listed in ", index_path.string(),
-                                " under ", shard, " but that file does not hold it"));
+      throw FormatError(str_cat("tensor '", name, "' is listed in ", index_path.string(), " under ",
+                                shard, " but that file does not hold it"));
     }
   }
   return store;

@@ -40,7 +40,8 @@ class Renderer {
   explicit Renderer(const std::tm& now) : now_(now) {}
 
   void run(const Body& body, Scope& scope, std::string& out) {
-    if (exec(body, scope, out) != Flow::kNormal) throw TemplateError("break/continue outside a loop");
+    if (exec(body, scope, out) != Flow::kNormal)
+      throw TemplateError("break/continue outside a loop");
   }
 
   Value strftime_now(const std::string& format) const {
@@ -91,13 +92,15 @@ class Renderer {
         return Flow::kNormal;
       case Stmt::Kind::kCallBlock: {
         const Expr& call = *s.expr;
-        Value caller([this, &s, &scope](const ValueList& args, const KwArgs& kwargs) {
-          Scope local{{}, &scope};
-          bind_params(s.params, args, kwargs, local, "caller");
-          std::string body;
-          run_nested(s.bodies[0], local, body);
-          return Value(std::move(body));
-        }, "caller");
+        Value caller(
+            [this, &s, &scope](const ValueList& args, const KwArgs& kwargs) {
+              Scope local{{}, &scope};
+              bind_params(s.params, args, kwargs, local, "caller");
+              std::string body;
+              run_nested(s.bodies[0], local, body);
+              return Value(std::move(body));
+            },
+            "caller");
         Value callee = eval(*call.items[0], scope);
         ValueList args;
         for (size_t i = 1; i < call.items.size(); ++i) args.push_back(eval(*call.items[i], scope));
@@ -125,15 +128,16 @@ class Renderer {
 
   // Bodies that capture output (set blocks, filter blocks, caller) run in the same scope.
   void run_nested(const Body& body, Scope& scope, std::string& out) {
-    if (exec(body, scope, out) != Flow::kNormal) throw TemplateError("break/continue outside a loop");
+    if (exec(body, scope, out) != Flow::kNormal)
+      throw TemplateError("break/continue outside a loop");
   }
 
   void assign(const Stmt& s, const Value& value, Scope& scope) {
     if (!s.attribute.empty()) {
       const Value* target = scope.lookup(s.targets[0]);
       if (target == nullptr || !target->is_dict() || !target->dict().is_namespace) {
-        throw TemplateError(str_cat("cannot assign attribute on non-namespace object '",
-                                    s.targets[0], "'"));
+        throw TemplateError(
+            str_cat("cannot assign attribute on non-namespace object '", s.targets[0], "'"));
       }
       target->dict().set(s.attribute, value);
       return;
@@ -144,8 +148,8 @@ class Renderer {
     }
     const ValueList items = jinja::iterate(value);
     if (items.size() != s.targets.size()) {
-      throw TemplateError(str_cat("cannot unpack ", items.size(), " values into ", s.targets.size(),
-                                  " names"));
+      throw TemplateError(
+          str_cat("cannot unpack ", items.size(), " values into ", s.targets.size(), " names"));
     }
     for (size_t i = 0; i < items.size(); ++i) scope.vars[s.targets[i]] = items[i];
   }
@@ -197,10 +201,12 @@ class Renderer {
           {"depth0", Value(0)},
           {"previtem", i > 0 ? items[i - 1] : Value::undefined("there is no previous item")},
           {"nextitem", i + 1 < n ? items[i + 1] : Value::undefined("there is no next item")},
-          {"cycle", Value([i](const ValueList& args, const KwArgs&) {
-             if (args.empty()) throw TemplateError("no items for cycling given");
-             return args[static_cast<size_t>(i) % args.size()];
-           }, "cycle")}};
+          {"cycle", Value(
+                        [i](const ValueList& args, const KwArgs&) {
+                          if (args.empty()) throw TemplateError("no items for cycling given");
+                          return args[static_cast<size_t>(i) % args.size()];
+                        },
+                        "cycle")}};
       local.vars["loop"] = Value(loop);
       if (exec(s.bodies[0], local, out) == Flow::kBreak) break;
     }
@@ -209,8 +215,8 @@ class Renderer {
   void bind_params(const std::vector<jinja::MacroParam>& params, const ValueList& args,
                    const KwArgs& kwargs, Scope& local, const std::string& name) {
     if (args.size() > params.size()) {
-      throw TemplateError(str_cat("macro '", name, "' takes not more than ", params.size(),
-                                  " argument(s)"));
+      throw TemplateError(
+          str_cat("macro '", name, "' takes not more than ", params.size(), " argument(s)"));
     }
     for (size_t i = 0; i < params.size(); ++i) {
       const jinja::MacroParam& p = params[i];
@@ -227,23 +233,36 @@ class Renderer {
       }
     }
     for (const auto& [key, value] : kwargs) {
-      const bool known = key == "caller" || std::any_of(params.begin(), params.end(),
-                                                        [&](const auto& p) { return p.name == key; });
+      const bool known =
+          key == "caller" ||
+          std::any_of(params.begin(), params.end(), [&](const auto& p) { return p.name == key; });
       if (!known) {
-        throw TemplateError(str_cat("macro '", name, "' was invoked with an unknown keyword argument '", key, "'"));
+        throw TemplateError(
+            str_cat("macro '", name, "' was invoked with an unknown keyword argument '", key, "'"));
       }
       if (key == "caller") local.vars["caller"] = value;
     }
   }
 
   Value make_macro(const Stmt& s, Scope& scope) {
-    return Value([this, &s, &scope](const ValueList& args, const KwArgs& kwargs) {
-      Scope local{{}, &scope};
-      bind_params(s.params, args, kwargs, local, s.text);
-      std::string body;
-      run_nested(s.bodies[0], local, body);
-      return Value(std::move(body));
-    }, s.text);
+    return Value(
+        [this, &s, &scope](const ValueList& args, const KwArgs& kwargs) {
+          if (macro_depth_ >= kMaxMacroDepth) {
+            throw TemplateError(
+                str_cat("macro '", s.text, "' recursed deeper than ", kMaxMacroDepth, " calls"));
+          }
+          ++macro_depth_;
+          struct DepthRestore {
+            int& depth;
+            ~DepthRestore() { --depth; }
+          } restore{macro_depth_};
+          Scope local{{}, &scope};
+          bind_params(s.params, args, kwargs, local, s.text);
+          std::string body;
+          run_nested(s.bodies[0], local, body);
+          return Value(std::move(body));
+        },
+        s.text);
   }
 
   static Value invoke(const Value& callee, const ValueList& args, const KwArgs& kwargs) {
@@ -316,7 +335,8 @@ class Renderer {
       case Expr::Kind::kFilter:
         return eval_filters(e, nullptr, scope);
       case Expr::Kind::kTest: {
-        const bool result = jinja::apply_test(e.name, eval(*e.items[0], scope), eval_args(e, scope));
+        const bool result =
+            jinja::apply_test(e.name, eval(*e.items[0], scope), eval_args(e, scope));
         return Value(result != e.negated);
       }
       case Expr::Kind::kNot:
@@ -351,7 +371,8 @@ class Renderer {
       case Expr::Kind::kCondition: {
         if (eval(*e.items[1], scope).truthy()) return eval(*e.items[0], scope);
         if (e.items[2]) return eval(*e.items[2], scope);
-        return Value::undefined("the inline if-expression evaluated to false and no else section was defined.");
+        return Value::undefined(
+            "the inline if-expression evaluated to false and no else section was defined.");
       }
     }
     return Value();
@@ -370,7 +391,9 @@ class Renderer {
     return !left.less(right);  // >=
   }
 
+  static constexpr int kMaxMacroDepth = 100;
   std::tm now_;
+  int macro_depth_ = 0;
 };
 
 std::tm local_now() {
@@ -398,30 +421,40 @@ ChatTemplate ChatTemplate::parse(const std::string& source) {
   return ChatTemplate(std::move(impl));
 }
 
-void ChatTemplate::set_now(const std::tm& now) { impl_->pinned_now = now; }
+void ChatTemplate::set_now(const std::tm& now) {
+  impl_->pinned_now = now;
+}
 
 namespace {
 
 template <typename Json>
 std::string render_with(const Body& body, const std::optional<std::tm>& pinned, const Json& vars) {
   if (!vars.is_object() && !vars.is_null()) {
-    throw InvalidArgument(str_cat("template variables must be a JSON object, got ", vars.type_name()));
+    throw InvalidArgument(
+        str_cat("template variables must be a JSON object, got ", vars.type_name()));
   }
   Renderer renderer(pinned ? *pinned : local_now());
   Scope globals;
-  globals.vars["raise_exception"] = Value([](const ValueList& args, const KwArgs&) -> Value {
-    throw TemplateError(args.empty() ? std::string("raise_exception called") : args[0].to_string());
-  }, "raise_exception");
-  globals.vars["strftime_now"] = Value([&renderer](const ValueList& args, const KwArgs&) {
-    if (args.empty() || !args[0].is_string()) throw TemplateError("strftime_now(format) needs a format string");
-    return renderer.strftime_now(args[0].str());
-  }, "strftime_now");
+  globals.vars["raise_exception"] = Value(
+      [](const ValueList& args, const KwArgs&) -> Value {
+        throw TemplateError(args.empty() ? std::string("raise_exception called")
+                                         : args[0].to_string());
+      },
+      "raise_exception");
+  globals.vars["strftime_now"] = Value(
+      [&renderer](const ValueList& args, const KwArgs&) {
+        if (args.empty() || !args[0].is_string())
+          throw TemplateError("strftime_now(format) needs a format string");
+        return renderer.strftime_now(args[0].str());
+      },
+      "strftime_now");
   auto dict_from_kwargs = [](bool is_namespace) {
     return [is_namespace](const ValueList& args, const KwArgs& kwargs) {
       auto dict = std::make_shared<jinja::ValueDict>();
       dict->is_namespace = is_namespace;
       for (const Value& arg : args) {
-        if (!arg.is_dict()) throw TemplateError("namespace()/dict() positional argument must be a mapping");
+        if (!arg.is_dict())
+          throw TemplateError("namespace()/dict() positional argument must be a mapping");
         for (const auto& [k, v] : arg.dict().entries) dict->set(k, v);
       }
       for (const auto& [k, v] : kwargs) dict->set(k, v);
@@ -430,22 +463,26 @@ std::string render_with(const Body& body, const std::optional<std::tm>& pinned, 
   };
   globals.vars["namespace"] = Value(dict_from_kwargs(true), "namespace");
   globals.vars["dict"] = Value(dict_from_kwargs(false), "dict");
-  globals.vars["range"] = Value([](const ValueList& args, const KwArgs&) {
-    if (args.empty() || args.size() > 3) throw TemplateError("range expected 1 to 3 arguments");
-    for (const Value& a : args) {
-      if (!a.is_int()) throw TemplateError(str_cat("'", a.type_name(), "' object cannot be interpreted as an integer"));
-    }
-    const int64_t start = args.size() > 1 ? args[0].as_int() : 0;
-    const int64_t stop = args.size() > 1 ? args[1].as_int() : args[0].as_int();
-    const int64_t step = args.size() > 2 ? args[2].as_int() : 1;
-    if (step == 0) throw TemplateError("range() arg 3 must not be zero");
-    ValueList out;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-      if (out.size() >= 1'000'000) throw TemplateError("range() is too long for a template");
-      out.emplace_back(i);
-    }
-    return Value(std::move(out));
-  }, "range");
+  globals.vars["range"] = Value(
+      [](const ValueList& args, const KwArgs&) {
+        if (args.empty() || args.size() > 3) throw TemplateError("range expected 1 to 3 arguments");
+        for (const Value& a : args) {
+          if (!a.is_int())
+            throw TemplateError(
+                str_cat("'", a.type_name(), "' object cannot be interpreted as an integer"));
+        }
+        const int64_t start = args.size() > 1 ? args[0].as_int() : 0;
+        const int64_t stop = args.size() > 1 ? args[1].as_int() : args[0].as_int();
+        const int64_t step = args.size() > 2 ? args[2].as_int() : 1;
+        if (step == 0) throw TemplateError("range() arg 3 must not be zero");
+        ValueList out;
+        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+          if (out.size() >= 1'000'000) throw TemplateError("range() is too long for a template");
+          out.emplace_back(i);
+        }
+        return Value(std::move(out));
+      },
+      "range");
   Scope context{{}, &globals};
   if (vars.is_object()) {
     for (const auto& [key, value] : vars.items()) context.vars[key] = Value::from_json(value);

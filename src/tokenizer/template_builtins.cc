@@ -18,8 +18,8 @@ class Args {
        std::vector<std::string> names)
       : args_(args), kwargs_(kwargs), names_(std::move(names)) {
     if (args.size() > names_.size()) {
-      throw TemplateError(str_cat(what, " takes at most ", names_.size(), " arguments (",
-                                  args.size(), " given)"));
+      throw TemplateError(
+          str_cat(what, " takes at most ", names_.size(), " arguments (", args.size(), " given)"));
     }
     for (const auto& [key, value] : kwargs) {
       if (std::find(names_.begin(), names_.end(), key) == names_.end()) {
@@ -55,8 +55,8 @@ const std::string& need_string(const Value& v, const std::string& what) {
 
 int64_t need_int(const Value& v, const std::string& what) {
   if (!v.is_int() && !v.is_bool()) {
-    throw TemplateError(str_cat("'", v.type_name(), "' object cannot be interpreted as an integer (",
-                                what, ")"));
+    throw TemplateError(
+        str_cat("'", v.type_name(), "' object cannot be interpreted as an integer (", what, ")"));
   }
   return v.as_int();
 }
@@ -117,7 +117,8 @@ ValueList split(const std::string& s, const Value& separator, int64_t max_split)
   size_t pos = 0;
   while (true) {
     const size_t at = s.find(sep, pos);
-    if (at == std::string::npos || (max_split >= 0 && static_cast<int64_t>(parts.size()) == max_split)) {
+    if (at == std::string::npos ||
+        (max_split >= 0 && static_cast<int64_t>(parts.size()) == max_split)) {
       parts.emplace_back(s.substr(pos));
       return parts;
     }
@@ -166,7 +167,8 @@ std::string format(const std::string& s, const ValueList& args, const KwArgs& kw
       ++i;
     } else if (s[i] == '{') {
       const size_t close = s.find('}', i);
-      if (close == std::string::npos) throw TemplateError("Single '{' encountered in format string");
+      if (close == std::string::npos)
+        throw TemplateError("Single '{' encountered in format string");
       const std::string field = s.substr(i + 1, close - i - 1);
       if (field.find(':') != std::string::npos || field.find('!') != std::string::npos) {
         throw TemplateError(str_cat("format spec in '{", field, "}' is not supported"));
@@ -174,7 +176,9 @@ std::string format(const std::string& s, const ValueList& args, const KwArgs& kw
       const Value* value = nullptr;
       if (field.empty() || std::all_of(field.begin(), field.end(), ::isdigit)) {
         const size_t index = field.empty() ? next_auto++ : std::stoul(field);
-        if (index >= args.size()) throw TemplateError(str_cat("Replacement index ", index, " out of range for positional args tuple"));
+        if (index >= args.size())
+          throw TemplateError(
+              str_cat("Replacement index ", index, " out of range for positional args tuple"));
         value = &args[index];
       } else {
         for (const auto& [key, v] : kwargs) {
@@ -206,14 +210,16 @@ bool starts_or_ends(const std::string& s, const Value& affix, bool start) {
 }
 
 int64_t code_point_index(const std::string& s, size_t byte) {
-  return byte == std::string::npos ? -1 : static_cast<int64_t>(utf8::count_code_points(std::string_view(s).substr(0, byte)));
+  return byte == std::string::npos
+             ? -1
+             : static_cast<int64_t>(utf8::count_code_points(std::string_view(s).substr(0, byte)));
 }
 
 const std::unordered_set<std::string>& string_methods() {
   static const std::unordered_set<std::string> names = {
-      "strip", "lstrip", "rstrip", "split", "startswith", "endswith", "upper", "lower", "title",
-      "capitalize", "replace", "format", "join", "find", "rfind", "count", "isdigit", "isalpha",
-      "isalnum", "isspace", "isupper", "islower", "splitlines"};
+      "strip",   "lstrip",     "rstrip",  "split",   "startswith", "endswith", "upper",     "lower",
+      "title",   "capitalize", "replace", "format",  "join",       "find",     "rfind",     "count",
+      "isdigit", "isalpha",    "isalnum", "isspace", "isupper",    "islower",  "splitlines"};
   return names;
 }
 
@@ -251,7 +257,8 @@ Value call_string_method(const std::string& s, const std::string& name, const Va
   if (name == "capitalize") return Value(utf8::capitalize(s));
   if (name == "replace") {
     Args a(what, args, kwargs, {"old", "new", "count"});
-    return Value(replace(s, need_string(a.get(0), "replace old"), need_string(a.get(1), "replace new"),
+    return Value(replace(s, need_string(a.get(0), "replace old"),
+                         need_string(a.get(1), "replace new"),
                          need_int(a.get(2, Value(-1)), "count")));
   }
   if (name == "format") return Value(format(s, args, kwargs));
@@ -275,12 +282,18 @@ Value call_string_method(const std::string& s, const std::string& name, const Va
     if (name == "rfind") return Value(code_point_index(s, s.rfind(sub)));
     if (sub.empty()) return Value(static_cast<int64_t>(utf8::count_code_points(s) + 1));
     int64_t count = 0;
-    for (size_t pos = s.find(sub); pos != std::string::npos; pos = s.find(sub, pos + sub.size())) ++count;
+    for (size_t pos = s.find(sub); pos != std::string::npos; pos = s.find(sub, pos + sub.size()))
+      ++count;
     return Value(count);
   }
-  if (name == "isdigit") return Value(all_code_points(s, [](char32_t c) { return c >= '0' && c <= '9'; }));
-  if (name == "isalpha") return Value(all_code_points(s, [](char32_t c) { return c >= 0x80 || std::isalpha(static_cast<int>(c)) != 0; }));
-  if (name == "isalnum") return Value(all_code_points(s, [](char32_t c) { return c >= 0x80 || std::isalnum(static_cast<int>(c)) != 0; }));
+  if (name == "isdigit")
+    return Value(all_code_points(s, [](char32_t c) { return c >= '0' && c <= '9'; }));
+  if (name == "isalpha")
+    return Value(all_code_points(
+        s, [](char32_t c) { return c >= 0x80 || std::isalpha(static_cast<int>(c)) != 0; }));
+  if (name == "isalnum")
+    return Value(all_code_points(
+        s, [](char32_t c) { return c >= 0x80 || std::isalnum(static_cast<int>(c)) != 0; }));
   if (name == "isspace") return Value(all_code_points(s, utf8::is_space));
   if (name == "isupper") return Value(utf8::to_upper(s) == s && utf8::to_lower(s) != s);
   if (name == "islower") return Value(utf8::to_lower(s) == s && utf8::to_upper(s) != s);
@@ -327,7 +340,8 @@ Value call_dict_method(const Value& dict, const std::string& name, const ValueLi
 // Python's floor division and modulo.
 Value floor_div_or_mod(const Value& a, const Value& b, bool mod) {
   if (b.as_double() == 0.0) {
-    throw TemplateError(mod ? "integer division or modulo by zero" : "integer division or modulo by zero");
+    throw TemplateError(mod ? "integer division or modulo by zero"
+                            : "integer division or modulo by zero");
   }
   if (a.is_float() || b.is_float()) {
     const double x = a.as_double(), y = b.as_double();
@@ -356,10 +370,12 @@ Value attribute_path(const Value& item, const std::string& path) {
   size_t pos = 0;
   while (true) {
     const size_t dot = path.find('.', pos);
-    const std::string part = path.substr(pos, dot == std::string::npos ? std::string::npos : dot - pos);
+    const std::string part =
+        path.substr(pos, dot == std::string::npos ? std::string::npos : dot - pos);
     const bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
-    current = numeric && current.is_list() ? get_item(current, Value(static_cast<int64_t>(std::stoll(part))))
-                                           : get_attribute(current, part);
+    current = numeric && current.is_list()
+                  ? get_item(current, Value(static_cast<int64_t>(std::stoll(part))))
+                  : get_attribute(current, part);
     if (dot == std::string::npos) return current;
     pos = dot + 1;
   }
@@ -373,10 +389,12 @@ Value select(const Value& input, const ValueList& args, bool attribute, bool kee
   ValueList out;
   const size_t first_test = attribute ? 1 : 0;
   if (attribute && args.empty()) throw TemplateError("selectattr/rejectattr need an attribute");
-  const std::string test = args.size() > first_test ? need_string(args[first_test], "test name") : "";
+  const std::string test =
+      args.size() > first_test ? need_string(args[first_test], "test name") : "";
   const ValueList test_args = sequence_args(args, first_test + 1);
   for (const Value& item : iterate(input)) {
-    const Value subject = attribute ? attribute_path(item, need_string(args[0], "attribute")) : item;
+    const Value subject =
+        attribute ? attribute_path(item, need_string(args[0], "attribute")) : item;
     const bool passed = test.empty() ? subject.truthy() : apply_test(test, subject, test_args);
     if (passed == keep) out.push_back(item);
   }
@@ -387,12 +405,23 @@ std::string html_escape(const std::string& s) {
   std::string out;
   for (const char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -400,7 +429,9 @@ std::string html_escape(const std::string& s) {
 
 std::string indent(const std::string& input, const Value& width, bool first, bool blank) {
   const std::string indention =
-      width.is_string() ? width.str() : std::string(static_cast<size_t>(std::max<int64_t>(0, need_int(width, "width"))), ' ');
+      width.is_string()
+          ? width.str()
+          : std::string(static_cast<size_t>(std::max<int64_t>(0, need_int(width, "width"))), ' ');
   std::vector<std::string> lines;
   const std::string s = input + "\n";
   size_t pos = 0;
@@ -464,9 +495,11 @@ Value get_attribute(const Value& object, const std::string& name) {
       fail_undefined(object);
     case Value::Type::kDict: {
       if (!object.dict().is_namespace && dict_methods().count(name)) {
-        return Value([object, name](const ValueList& args, const KwArgs& kwargs) {
-          return call_dict_method(object, name, args, kwargs);
-        }, name);
+        return Value(
+            [object, name](const ValueList& args, const KwArgs& kwargs) {
+              return call_dict_method(object, name, args, kwargs);
+            },
+            name);
       }
       if (const Value* found = object.dict().find(name)) return *found;
       return Value::undefined(str_cat("'", object.dict().is_namespace ? "Namespace" : "dict object",
@@ -474,15 +507,18 @@ Value get_attribute(const Value& object, const std::string& name) {
     }
     case Value::Type::kString:
       if (string_methods().count(name)) {
-        return Value([s = object.str(), name](const ValueList& args, const KwArgs& kwargs) {
-          return call_string_method(s, name, args, kwargs);
-        }, name);
+        return Value(
+            [s = object.str(), name](const ValueList& args, const KwArgs& kwargs) {
+              return call_string_method(s, name, args, kwargs);
+            },
+            name);
       }
       return Value::undefined(str_cat("'str object' has no attribute '", name, "'"));
     case Value::Type::kNone:
       return Value::undefined(str_cat("'None' has no attribute '", name, "'"));
     default:
-      return Value::undefined(str_cat("'", object.type_name(), " object' has no attribute '", name, "'"));
+      return Value::undefined(
+          str_cat("'", object.type_name(), " object' has no attribute '", name, "'"));
   }
 }
 
@@ -490,23 +526,27 @@ Value get_item(const Value& object, const Value& key) {
   if (object.is_undefined()) fail_undefined(object);
   if (object.is_dict() && key.is_string()) {
     if (const Value* found = object.dict().find(key.str())) return *found;
-    if (!object.dict().is_namespace && dict_methods().count(key.str())) return get_attribute(object, key.str());
+    if (!object.dict().is_namespace && dict_methods().count(key.str()))
+      return get_attribute(object, key.str());
     return Value::undefined(str_cat("'dict object' has no attribute '", key.str(), "'"));
   }
   if ((object.is_list() || object.is_string()) && (key.is_int() || key.is_bool())) {
-    const int64_t n = object.is_list() ? static_cast<int64_t>(object.list().size())
-                                       : static_cast<int64_t>(utf8::count_code_points(object.str()));
+    const int64_t n = object.is_list()
+                          ? static_cast<int64_t>(object.list().size())
+                          : static_cast<int64_t>(utf8::count_code_points(object.str()));
     int64_t index = key.as_int();
     if (index < 0) index += n;
     if (index < 0 || index >= n) {
-      return Value::undefined(str_cat("'", object.type_name(), " object' has no element ", key.as_int()));
+      return Value::undefined(
+          str_cat("'", object.type_name(), " object' has no element ", key.as_int()));
     }
     if (object.is_list()) return object.list()[static_cast<size_t>(index)];
     const auto cps = code_points(object.str());
     return Value(from_code_points(cps, static_cast<size_t>(index), static_cast<size_t>(index) + 1));
   }
   if (key.is_string()) return get_attribute(object, key.str());
-  return Value::undefined(str_cat("'", object.type_name(), " object' has no element ", key.to_string()));
+  return Value::undefined(
+      str_cat("'", object.type_name(), " object' has no element ", key.to_string()));
 }
 
 Value slice(const Value& object, const Value& start, const Value& stop, const Value& step) {
@@ -516,7 +556,8 @@ Value slice(const Value& object, const Value& start, const Value& stop, const Va
   }
   std::vector<char32_t> cps;
   if (object.is_string()) cps = code_points(object.str());
-  const int64_t n = object.is_list() ? static_cast<int64_t>(object.list().size()) : static_cast<int64_t>(cps.size());
+  const int64_t n = object.is_list() ? static_cast<int64_t>(object.list().size())
+                                     : static_cast<int64_t>(cps.size());
   auto given = [](const Value& v) { return !v.is_undefined() && !v.is_none(); };
   const int64_t stride = given(step) ? need_int(step, "slice step") : 1;
   if (stride == 0) throw TemplateError("slice step cannot be zero");
@@ -548,7 +589,9 @@ Value arithmetic(const std::string& op, const Value& left, const Value& right) {
   const bool numbers = left.is_number() && right.is_number();
   const bool floats = numbers && (left.is_float() || right.is_float());
   if (op == "+") {
-    if (numbers) return floats ? Value(left.as_double() + right.as_double()) : Value(left.as_int() + right.as_int());
+    if (numbers)
+      return floats ? Value(left.as_double() + right.as_double())
+                    : Value(left.as_int() + right.as_int());
     if (left.is_string() && right.is_string()) return Value(left.str() + right.str());
     if (left.is_list() && right.is_list() && left.is_tuple() == right.is_tuple()) {
       ValueList out = left.list();
@@ -560,11 +603,16 @@ Value arithmetic(const std::string& op, const Value& left, const Value& right) {
                                   right.type_name(), "\") to ", left.type_name()));
     }
   } else if (op == "-" && numbers) {
-    return floats ? Value(left.as_double() - right.as_double()) : Value(left.as_int() - right.as_int());
+    return floats ? Value(left.as_double() - right.as_double())
+                  : Value(left.as_int() - right.as_int());
   } else if (op == "*") {
-    if (numbers) return floats ? Value(left.as_double() * right.as_double()) : Value(left.as_int() * right.as_int());
-    if ((left.is_string() || left.is_list()) && (right.is_int() || right.is_bool())) return repeat(left, right.as_int());
-    if ((right.is_string() || right.is_list()) && (left.is_int() || left.is_bool())) return repeat(right, left.as_int());
+    if (numbers)
+      return floats ? Value(left.as_double() * right.as_double())
+                    : Value(left.as_int() * right.as_int());
+    if ((left.is_string() || left.is_list()) && (right.is_int() || right.is_bool()))
+      return repeat(left, right.as_int());
+    if ((right.is_string() || right.is_list()) && (left.is_int() || left.is_bool()))
+      return repeat(right, left.as_int());
   } else if (op == "/" && numbers) {
     if (right.as_double() == 0.0) throw TemplateError("division by zero");
     return Value(left.as_double() / right.as_double());
@@ -588,7 +636,8 @@ bool contains(const Value& container, const Value& item) {
       fail_undefined(container);
     case Value::Type::kString:
       if (!item.is_string()) {
-        throw TemplateError(str_cat("'in <string>' requires string as left operand, not ", item.type_name()));
+        throw TemplateError(
+            str_cat("'in <string>' requires string as left operand, not ", item.type_name()));
       }
       return container.str().find(item.str()) != std::string::npos;
     case Value::Type::kList:
@@ -597,7 +646,8 @@ bool contains(const Value& container, const Value& item) {
     case Value::Type::kDict:
       return item.is_string() && container.dict().find(item.str()) != nullptr;
     default:
-      throw TemplateError(str_cat("argument of type '", container.type_name(), "' is not iterable"));
+      throw TemplateError(
+          str_cat("argument of type '", container.type_name(), "' is not iterable"));
   }
 }
 
@@ -636,16 +686,20 @@ Value apply_filter(const std::string& name, const Value& input, const ValueList&
   if (name == "tojson") {
     Args a(what, args, kwargs, {"indent", "ensure_ascii", "separators", "sort_keys"});
     std::optional<int> indent_width;
-    if (a.has(0) && !a.get(0).is_none()) indent_width = static_cast<int>(need_int(a.get(0), "indent"));
+    if (a.has(0) && !a.get(0).is_none())
+      indent_width = static_cast<int>(need_int(a.get(0), "indent"));
     std::string item_separator = indent_width ? "," : ", ", key_separator = ": ";
     if (a.has(2) && !a.get(2).is_none()) {
       const Value seps = a.get(2);
-      if (!seps.is_list() || seps.list().size() != 2) throw TemplateError("tojson separators must be a pair of strings");
+      if (!seps.is_list() || seps.list().size() != 2)
+        throw TemplateError("tojson separators must be a pair of strings");
       item_separator = need_string(seps.list()[0], "separator");
       key_separator = need_string(seps.list()[1], "separator");
     }
-    if (a.get(1, Value(false)).truthy()) throw TemplateError("tojson(ensure_ascii=true) is not supported");
-    return Value(input.to_json(indent_width, item_separator, key_separator, a.get(3, Value(false)).truthy()));
+    if (a.get(1, Value(false)).truthy())
+      throw TemplateError("tojson(ensure_ascii=true) is not supported");
+    return Value(input.to_json(indent_width, item_separator, key_separator,
+                               a.get(3, Value(false)).truthy()));
   }
   if (name == "length" || name == "count") {
     Args a(what, args, kwargs, {});
@@ -675,7 +729,8 @@ Value apply_filter(const std::string& name, const Value& input, const ValueList&
   }
   if (name == "default" || name == "d") {
     Args a(what, args, kwargs, {"default_value", "boolean"});
-    const bool use_default = input.is_undefined() || (a.get(1, Value(false)).truthy() && !input.truthy());
+    const bool use_default =
+        input.is_undefined() || (a.get(1, Value(false)).truthy() && !input.truthy());
     return use_default ? a.get(0, Value("")) : input;
   }
   if (name == "upper" || name == "lower" || name == "capitalize" || name == "title") {
@@ -692,8 +747,10 @@ Value apply_filter(const std::string& name, const Value& input, const ValueList&
     const Value* attribute = nullptr;
     const Value* fallback = nullptr;
     for (const auto& [key, value] : kwargs) {
-      if (key == "attribute") attribute = &value;
-      else if (key == "default") fallback = &value;
+      if (key == "attribute")
+        attribute = &value;
+      else if (key == "default")
+        fallback = &value;
     }
     if (attribute) {
       for (const Value& item : iterate(input)) {
@@ -704,16 +761,20 @@ Value apply_filter(const std::string& name, const Value& input, const ValueList&
       if (args.empty()) throw TemplateError("map() needs a filter name or attribute=");
       const std::string filter = need_string(args[0], "map filter name");
       const ValueList rest = sequence_args(args, 1);
-      for (const Value& item : iterate(input)) out.push_back(apply_filter(filter, item, rest, kwargs));
+      for (const Value& item : iterate(input))
+        out.push_back(apply_filter(filter, item, rest, kwargs));
     }
     return Value(std::move(out));
   }
   if (name == "select" || name == "reject") return select(input, args, false, name == "select");
-  if (name == "selectattr" || name == "rejectattr") return select(input, args, true, name == "selectattr");
+  if (name == "selectattr" || name == "rejectattr")
+    return select(input, args, true, name == "selectattr");
   if (name == "items") {
     Args a(what, args, kwargs, {});
     if (input.is_undefined()) return Value(ValueList{});
-    if (!input.is_dict()) throw TemplateError(str_cat("Can only get item pairs from a mapping, not ", input.type_name()));
+    if (!input.is_dict())
+      throw TemplateError(
+          str_cat("Can only get item pairs from a mapping, not ", input.type_name()));
     ValueList out;
     for (const auto& [k, v] : input.dict().entries) out.push_back(pair(k, v));
     return Value(std::move(out));
@@ -730,15 +791,19 @@ Value apply_filter(const std::string& name, const Value& input, const ValueList&
   }
   if (name == "abs") {
     if (input.is_float()) return Value(std::fabs(input.as_double()));
-    if (input.is_int() || input.is_bool()) return Value(static_cast<int64_t>(std::llabs(input.as_int())));
+    if (input.is_int() || input.is_bool())
+      return Value(static_cast<int64_t>(std::llabs(input.as_int())));
     throw TemplateError(str_cat("bad operand type for abs(): '", input.type_name(), "'"));
   }
   if (name == "round") {
     Args a(what, args, kwargs, {"precision", "method"});
-    const double scale = std::pow(10.0, static_cast<double>(need_int(a.get(0, Value(0)), "precision")));
+    const double scale =
+        std::pow(10.0, static_cast<double>(need_int(a.get(0, Value(0)), "precision")));
     const std::string method = a.get(1, Value("common")).to_string();
     const double x = input.as_double() * scale;
-    const double r = method == "floor" ? std::floor(x) : method == "ceil" ? std::ceil(x) : std::round(x);
+    const double r = method == "floor"  ? std::floor(x)
+                     : method == "ceil" ? std::ceil(x)
+                                        : std::round(x);
     return Value(r / scale);
   }
   if (name == "indent") {
@@ -777,9 +842,14 @@ Value apply_filter(const std::string& name, const Value& input, const ValueList&
       }
       return Value(std::move(out));
     }
-    std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) { return key(x).less(key(y)); });
-    if (name == "min") return items.empty() ? Value::undefined("No aggregated item, sequence was empty.") : items.front();
-    if (name == "max") return items.empty() ? Value::undefined("No aggregated item, sequence was empty.") : items.back();
+    std::stable_sort(items.begin(), items.end(),
+                     [&](const Value& x, const Value& y) { return key(x).less(key(y)); });
+    if (name == "min")
+      return items.empty() ? Value::undefined("No aggregated item, sequence was empty.")
+                           : items.front();
+    if (name == "max")
+      return items.empty() ? Value::undefined("No aggregated item, sequence was empty.")
+                           : items.back();
     if (a.get(0, Value(false)).truthy()) std::reverse(items.begin(), items.end());
     return Value(std::move(items));
   }
@@ -819,7 +889,8 @@ bool apply_test(const std::string& name, const Value& input, const ValueList& ar
   if (name == "true") return input.is_bool() && input.as_bool();
   if (name == "false") return input.is_bool() && !input.as_bool();
   if (name == "mapping") return input.is_dict() && !input.dict().is_namespace;
-  if (name == "iterable") return input.is_list() || input.is_dict() || input.is_string() || input.is_undefined();
+  if (name == "iterable")
+    return input.is_list() || input.is_dict() || input.is_string() || input.is_undefined();
   if (name == "sequence") return input.is_list() || input.is_dict() || input.is_string();
   if (name == "callable") return input.is_function();
   if (name == "odd" || name == "even") {

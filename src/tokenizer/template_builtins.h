@@ -10,7 +10,7 @@
 namespace turbokv::jinja {
 
 Value get_attribute(const Value& object, const std::string& name);  // object.name
-Value get_item(const Value& object, const Value& key);               // object[key]
+Value get_item(const Value& object, const Value& key);              // object[key]
 Value slice(const Value& object, const Value& start, const Value& stop, const Value& step);
 // + - * / // % ** on Python values.
 Value arithmetic(const std::string& op, const Value& left, const Value& right);

@@ -13,7 +13,19 @@ namespace turbokv::jinja {
 namespace {
 
 struct Token {
-  enum class Type { kText, kVarBegin, kVarEnd, kBlockBegin, kBlockEnd, kName, kString, kInt, kFloat, kOp, kEnd };
+  enum class Type {
+    kText,
+    kVarBegin,
+    kVarEnd,
+    kBlockBegin,
+    kBlockEnd,
+    kName,
+    kString,
+    kInt,
+    kFloat,
+    kOp,
+    kEnd
+  };
   Type type;
   std::string value;
   size_t offset;
@@ -34,15 +46,20 @@ class SyntaxErrorFactory {
   }
   FormatError error(size_t offset, const std::string& message) const {
     const Location at = locate(offset);
-    return FormatError(str_cat("template syntax error at ", at.line, ":", at.column, ": ", message));
+    return FormatError(
+        str_cat("template syntax error at ", at.line, ":", at.column, ": ", message));
   }
 
  private:
   std::vector<size_t> line_starts_;
 };
 
-bool is_name_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
-bool is_name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+bool is_name_start(char c) {
+  return std::isalpha(static_cast<unsigned char>(c)) || c == '_';
+}
+bool is_name_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+}
 
 // Python's unicode-escape decoding of a string literal body.
 std::string unescape(std::string_view body) {
@@ -56,7 +73,8 @@ std::string unescape(std::string_view body) {
     auto hex = [&](size_t digits) -> bool {
       char32_t cp = 0;
       for (size_t k = 1; k <= digits; ++k) {
-        if (i + k >= body.size() || !std::isxdigit(static_cast<unsigned char>(body[i + k]))) return false;
+        if (i + k >= body.size() || !std::isxdigit(static_cast<unsigned char>(body[i + k])))
+          return false;
         cp = cp * 16 + static_cast<char32_t>(std::stoi(std::string(1, body[i + k]), nullptr, 16));
       }
       utf8::append(out, cp);
@@ -64,21 +82,50 @@ std::string unescape(std::string_view body) {
       return true;
     };
     switch (c) {
-      case 'n': out += '\n'; break;
-      case 't': out += '\t'; break;
-      case 'r': out += '\r'; break;
-      case '\\': out += '\\'; break;
-      case '\'': out += '\''; break;
-      case '"': out += '"'; break;
-      case 'a': out += '\a'; break;
-      case 'b': out += '\b'; break;
-      case 'f': out += '\f'; break;
-      case 'v': out += '\v'; break;
-      case '0': out += '\0'; break;
-      case '\n': break;  // line continuation
-      case 'x': if (!hex(2)) out.append("\\x"); break;
-      case 'u': if (!hex(4)) out.append("\\u"); break;
-      case 'U': if (!hex(8)) out.append("\\U"); break;
+      case 'n':
+        out += '\n';
+        break;
+      case 't':
+        out += '\t';
+        break;
+      case 'r':
+        out += '\r';
+        break;
+      case '\\':
+        out += '\\';
+        break;
+      case '\'':
+        out += '\'';
+        break;
+      case '"':
+        out += '"';
+        break;
+      case 'a':
+        out += '\a';
+        break;
+      case 'b':
+        out += '\b';
+        break;
+      case 'f':
+        out += '\f';
+        break;
+      case 'v':
+        out += '\v';
+        break;
+      case '0':
+        out += '\0';
+        break;
+      case '\n':
+        break;  // line continuation
+      case 'x':
+        if (!hex(2)) out.append("\\x");
+        break;
+      case 'u':
+        if (!hex(4)) out.append("\\u");
+        break;
+      case 'U':
+        if (!hex(8)) out.append("\\U");
+        break;
       default:
         out += '\\';
         out += c;
@@ -164,13 +211,15 @@ class Lexer {
                                        : "unterminated expression: expected '}}'");
       }
       if (depth == 0) {
-        const bool dash = src_[pos] == '-' &&
-                          src_.compare(pos + 1, 2, std::string{closer, '}'}) == 0;
-        if (dash || src_.compare(pos, 2, std::string{closer, '}'}) == 0) {
+        // `-%}` strips the whitespace after the tag; `+%}` keeps the newline trim_blocks drops.
+        const std::string end{closer, '}'};
+        const bool dash = src_[pos] == '-' && src_.compare(pos + 1, 2, end) == 0;
+        const bool plus = block && src_[pos] == '+' && src_.compare(pos + 1, 2, end) == 0;
+        if (dash || plus || src_.compare(pos, 2, end) == 0) {
           tokens_.push_back({block ? Token::Type::kBlockEnd : Token::Type::kVarEnd, "", pos});
           strip_next = dash;
-          const size_t after = pos + (dash ? 3 : 2);
-          return block ? trim_newline(after, strip_next) : after;
+          const size_t after = pos + (dash || plus ? 3 : 2);
+          return block && !plus ? trim_newline(after, strip_next) : after;
         }
       }
       pos = lex_expression_token(pos, depth);
@@ -193,12 +242,17 @@ class Lexer {
     }
     if (std::isdigit(static_cast<unsigned char>(c))) {
       size_t end = pos;
-      while (end < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[end])) || src_[end] == '_')) ++end;
+      while (end < src_.size() &&
+             (std::isdigit(static_cast<unsigned char>(src_[end])) || src_[end] == '_'))
+        ++end;
       bool is_float = false;
-      if (end + 1 < src_.size() && src_[end] == '.' && std::isdigit(static_cast<unsigned char>(src_[end + 1]))) {
+      if (end + 1 < src_.size() && src_[end] == '.' &&
+          std::isdigit(static_cast<unsigned char>(src_[end + 1]))) {
         is_float = true;
         ++end;
-        while (end < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[end])) || src_[end] == '_')) ++end;
+        while (end < src_.size() &&
+               (std::isdigit(static_cast<unsigned char>(src_[end])) || src_[end] == '_'))
+          ++end;
       }
       if (end < src_.size() && (src_[end] == 'e' || src_[end] == 'E')) {
         size_t exp = end + 1;
@@ -218,7 +272,8 @@ class Lexer {
       size_t end = pos + 1;
       while (end < src_.size() && src_[end] != c) end += src_[end] == '\\' ? 2 : 1;
       if (end >= src_.size()) throw errors_.error(pos, "unterminated string literal");
-      tokens_.push_back({Token::Type::kString, unescape(std::string_view(src_).substr(pos + 1, end - pos - 1)), pos});
+      tokens_.push_back({Token::Type::kString,
+                         unescape(std::string_view(src_).substr(pos + 1, end - pos - 1)), pos});
       return end + 1;
     }
     static const char* const kOperators[] = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*",
@@ -269,11 +324,16 @@ class Parser {
   }
   std::string describe(const Token& t) const {
     switch (t.type) {
-      case Type::kEnd: return "end of template";
-      case Type::kBlockEnd: return "'%}'";
-      case Type::kVarEnd: return "'}}'";
-      case Type::kText: return "template text";
-      default: return "'" + t.value + "'";
+      case Type::kEnd:
+        return "end of template";
+      case Type::kBlockEnd:
+        return "'%}'";
+      case Type::kVarEnd:
+        return "'}}'";
+      case Type::kText:
+        return "template text";
+      default:
+        return "'" + t.value + "'";
     }
   }
   void expect_op(const char* op) {
@@ -302,6 +362,7 @@ class Parser {
   // Statements until a block whose tag is in `ends`; that tag's name is stored in end_tag
   // (its BlockBegin and name consumed). At top level (no ends) runs to the end.
   Body parse_body(const std::vector<std::string>& ends, std::string& end_tag) {
+    const DepthGuard guard(*this);
     Body body;
     while (true) {
       const Token& t = peek();
@@ -486,6 +547,7 @@ class Parser {
   }
 
   ExprPtr parse_condexpr(bool) {
+    const DepthGuard guard(*this);
     const Location at = where();
     ExprPtr expr = parse_or();
     while (is_name("if")) {
@@ -533,6 +595,7 @@ class Parser {
   }
 
   ExprPtr parse_not() {
+    const DepthGuard guard(*this);
     if (is_name("not")) {
       const Location at = where();
       advance();
@@ -614,6 +677,7 @@ class Parser {
   }
 
   ExprPtr parse_unary(bool with_filter) {
+    const DepthGuard guard(*this);
     const Location at = where();
     ExprPtr node;
     if (is_op("-") || is_op("+")) {
@@ -796,7 +860,7 @@ class Parser {
       f->name = expect_name();
       while (is_op(".")) {  // dotted filter names
         advance();
-        f->name += "." + expect_name();
+        f->name.append(".").append(expect_name());
       }
       f->items.push_back(std::move(input));
       if (is_op("(")) parse_call_args(*f);
@@ -840,8 +904,24 @@ class Parser {
     }
   }
 
+  // Bounds the parser's recursion so that hostile input cannot overflow the stack.
+  class DepthGuard {
+   public:
+    explicit DepthGuard(Parser& parser) : parser_(parser) {
+      if (++parser_.depth_ > kMaxDepth) {
+        parser_.fail(str_cat("template nesting is deeper than ", kMaxDepth, " levels"));
+      }
+    }
+    ~DepthGuard() { --parser_.depth_; }
+
+   private:
+    static constexpr int kMaxDepth = 200;
+    Parser& parser_;
+  };
+
   std::vector<Token> tokens_;
   size_t pos_ = 0;
+  int depth_ = 0;
   const SyntaxErrorFactory& errors_;
 };
 

@@ -45,9 +45,9 @@ struct Expr {
   Kind kind;
   Location where;
   Value value;
-  std::string name;             // name, attribute, filter/test name or binary operator
+  std::string name;              // name, attribute, filter/test name or binary operator
   std::vector<std::string> ops;  // comparison operators: == != < <= > >= in notin
-  bool negated = false;         // `is not`
+  bool negated = false;          // `is not`
   std::vector<ExprPtr> items;
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
 };

@@ -122,7 +122,8 @@ std::string python_float_repr(double v) {
     out += digits[0];
     if (digits.size() > 1) out.append(".").append(digits.substr(1));
     char exp_buf[16];
-    std::snprintf(exp_buf, sizeof(exp_buf), "e%c%02d", exponent < 0 ? '-' : '+', std::abs(exponent));
+    std::snprintf(exp_buf, sizeof(exp_buf), "e%c%02d", exponent < 0 ? '-' : '+',
+                  std::abs(exponent));
     return out + exp_buf;
   }
   if (decpt <= 0) {
@@ -178,7 +179,8 @@ std::string Value::to_string() const {
       return text_;
     case Type::kList: {
       std::string out = tuple_ ? "(" : "[";
-      for (size_t i = 0; i < list_->size(); ++i) out.append(i ? ", " : "").append((*list_)[i].repr());
+      for (size_t i = 0; i < list_->size(); ++i)
+        out.append(i ? ", " : "").append((*list_)[i].repr());
       if (tuple_ && list_->size() == 1) out += ",";
       return out + (tuple_ ? ")" : "]");
     }

@@ -48,7 +48,9 @@ class Value {
       : type_(Type::kList), list_(std::make_shared<ValueList>(std::move(list))), tuple_(is_tuple) {}
   Value(std::shared_ptr<ValueDict> dict) : type_(Type::kDict), dict_(std::move(dict)) {}
   Value(Function fn, std::string name)
-      : type_(Type::kFunction), text_(std::move(name)), fn_(std::make_shared<Function>(std::move(fn))) {}
+      : type_(Type::kFunction),
+        text_(std::move(name)),
+        fn_(std::make_shared<Function>(std::move(fn))) {}
 
   template <typename Json>
   static Value from_json(const Json& j);

@@ -1,12 +1,13 @@
 // config.json parsing: the family quirks the hf-tiny fixtures exercise, RoPE scaling rules of
 // transformers' modeling_rope_utils, and errors naming the bad field or architecture.
+#include "model/config.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <numbers>
 
 #include "core/error.h"
-#include "model/config.h"
 #include "model/rope_scaling.h"
 #include "test_util.h"
 
@@ -15,7 +16,9 @@ namespace {
 
 using testing::fixture;
 
-ModelConfig tiny(const char* family) { return load_model_config(fixture(std::string("hf-tiny/") + family)); }
+ModelConfig tiny(const char* family) {
+  return load_model_config(fixture(std::string("hf-tiny/") + family));
+}
 
 TEST(Config, Gemma2) {
   const ModelConfig c = tiny("gemma2");
@@ -54,10 +57,16 @@ TEST(Config, MistralPhi3Qwen) {
 }
 
 TEST(Config, GemmaLayerPatternWithoutLayerTypes) {
-  nlohmann::json j = {{"model_type", "gemma3_text"}, {"vocab_size", 16}, {"hidden_size", 8},
-                      {"intermediate_size", 16}, {"num_hidden_layers", 7},
-                      {"num_attention_heads", 2}, {"head_dim", 4}, {"sliding_window", 32},
-                      {"sliding_window_pattern", 3}, {"rope_theta", 1e6},
+  nlohmann::json j = {{"model_type", "gemma3_text"},
+                      {"vocab_size", 16},
+                      {"hidden_size", 8},
+                      {"intermediate_size", 16},
+                      {"num_hidden_layers", 7},
+                      {"num_attention_heads", 2},
+                      {"head_dim", 4},
+                      {"sliding_window", 32},
+                      {"sliding_window_pattern", 3},
+                      {"rope_theta", 1e6},
                       {"rope_local_base_freq", 1e4}};
   const ModelConfig c = parse_model_config(j, "config.json");
   EXPECT_EQ(c.sliding_window, (std::vector<int>{32, 32, 0, 32, 32, 0, 32}));
@@ -92,9 +101,13 @@ TEST(Config, MalformedFieldsNameTheField) {
         }
       },
       FormatError);
-  nlohmann::json scaled = {{"model_type", "llama"}, {"vocab_size", 16}, {"hidden_size", 8},
-                           {"intermediate_size", 16}, {"num_hidden_layers", 1},
-                           {"num_attention_heads", 2}, {"rope_scaling", {{"rope_type", "longrope"}}}};
+  nlohmann::json scaled = {{"model_type", "llama"},
+                           {"vocab_size", 16},
+                           {"hidden_size", 8},
+                           {"intermediate_size", 16},
+                           {"num_hidden_layers", 1},
+                           {"num_attention_heads", 2},
+                           {"rope_scaling", {{"rope_type", "longrope"}}}};
   EXPECT_THROW(parse_model_config(scaled, "config.json"), Unsupported);
   scaled["rope_scaling"] = nullptr;
   scaled["num_key_value_heads"] = 3;
@@ -111,7 +124,8 @@ TEST(RopeScaling, DefaultAndLinear) {
   r.type = "linear";
   r.factor = 4;
   const RopeTable linear = make_rope_table(r, 16, 1);
-  for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(linear.inv_freq[size_t(i)], plain.inv_freq[size_t(i)] / 4);
+  for (int i = 0; i < 8; ++i)
+    EXPECT_FLOAT_EQ(linear.inv_freq[size_t(i)], plain.inv_freq[size_t(i)] / 4);
   r.type = "default";
   r.partial_rotary_factor = 0.5;
   EXPECT_EQ(make_rope_table(r, 16, 1).rotary_dim(), 8);

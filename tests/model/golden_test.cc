@@ -7,7 +7,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
@@ -25,7 +24,9 @@ struct Golden {
   float logits_tolerance;
 };
 
-int32_t argmax(const float* v, int n) { return int32_t(std::max_element(v, v + n) - v); }
+int32_t argmax(const float* v, int n) {
+  return int32_t(std::max_element(v, v + n) - v);
+}
 
 void check_golden(const Golden& g) {
   std::unique_ptr<Model> model = Model::load(g.model_dir);
@@ -38,12 +39,13 @@ void check_golden(const Golden& g) {
   const int n = int(ids.size());
   ASSERT_EQ(want.size(), size_t(n) * V);
 
-  LayerCaches caches = testing::naive_caches(*model);
+  LayerCaches caches = testing::f32_caches(*model);
   std::vector<float> logits(size_t(n) * V);  // [n, V]
   Model::Chunk chunk{ids.data(), n, &caches, logits.data(), true};
   model->forward({&chunk, 1});
   float max_diff = 0;
-  for (size_t i = 0; i < logits.size(); ++i) max_diff = std::max(max_diff, std::abs(logits[i] - want[i]));
+  for (size_t i = 0; i < logits.size(); ++i)
+    max_diff = std::max(max_diff, std::abs(logits[i] - want[i]));
   EXPECT_LE(max_diff, g.logits_tolerance) << g.model_dir;
 
   // `generated` holds only the new tokens (its length is the number generated).
@@ -79,7 +81,8 @@ INSTANTIATE_TEST_SUITE_P(Families, HfTinyGolden,
 TEST(Gemma2Golden, MatchesTransformersSdpaWithoutAttentionSoftcap) {
   namespace fs = std::filesystem;
   const fs::path src = fixture("hf-tiny/gemma2");
-  const fs::path dir = fs::temp_directory_path() / ("turbokv_gemma2_sdpa_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("turbokv_gemma2_sdpa_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   for (const char* f : {"model.safetensors", "generation_config.json"}) {
     fs::copy_file(src / f, dir / f, fs::copy_options::overwrite_existing);
@@ -106,18 +109,19 @@ TEST(TinycodeGolden, LogitsAndGreedyTokensMatchTransformers) {
 // the logits of one whole-prompt forward.
 TEST(BatchedForward, ChunksAndSplitPromptsAgreeWithOneSequence) {
   std::unique_ptr<Model> model = Model::load(fixture("hf-tiny/gemma2"));
-  const SafetensorsFile ref = SafetensorsFile::open(fixture("hf-tiny/gemma2/reference.safetensors"));
+  const SafetensorsFile ref =
+      SafetensorsFile::open(fixture("hf-tiny/gemma2/reference.safetensors"));
   const std::vector<int64_t> ids64 = SafetensorsFile::to_i64(ref.at("input_ids"));
   const std::vector<int32_t> ids(ids64.begin(), ids64.end());
   const int V = model->info().vocab_size, n = int(ids.size());
-  LayerCaches whole = testing::naive_caches(*model);
+  LayerCaches whole = testing::f32_caches(*model);
   std::vector<float> want(size_t(n) * V);
   Model::Chunk one{ids.data(), n, &whole, want.data(), true};
   model->forward({&one, 1});
 
   // Sequence A: the prompt in two forwards (10 + 14 tokens); sequence B rides along in the
   // same calls with the whole prompt, last-token logits only.
-  LayerCaches a = testing::naive_caches(*model), b = testing::naive_caches(*model);
+  LayerCaches a = testing::f32_caches(*model), b = testing::f32_caches(*model);
   std::vector<float> got(size_t(n) * V), b_last(static_cast<size_t>(V));
   Model::Chunk first[] = {{ids.data(), 10, &a, got.data(), true},
                           {ids.data(), n, &b, b_last.data(), false}};

@@ -87,6 +87,26 @@ INSTANTIATE_TEST_SUITE_P(
                       MatmulCase{DType::F16, 37, 129, 65}, MatmulCase{DType::F32, 64, 200, 96},
                       MatmulCase{DType::BF16, 300, 260, 128}));
 
+TEST(Matmul, ManyProductsInOneRegionMatchEachReference) {
+  const StoredWeight a = store(random_vector(40 * 24, 20), 40, 24, DType::BF16);
+  const StoredWeight b = store(random_vector(3 * 24, 21), 3, 24, DType::F32);
+  const StoredWeight c = store(random_vector(70 * 24, 22), 70, 24, DType::F16);
+  const std::vector<float> bias = random_vector(70, 23);
+  for (int64_t m : {1, 5, 20}) {
+    const std::vector<float> x = random_vector(size_t(m * 24), 24);
+    std::vector<float> ya(size_t(m * 40)), yb(size_t(m * 3)), yc(size_t(m * 70));
+    const MatmulJob jobs[] = {{x.data(), a.view, nullptr, ya.data()},
+                              {x.data(), b.view, bias.data(), yb.data()},
+                              {x.data(), c.view, bias.data(), yc.data()}};
+    matmul_many(m, jobs);
+    for (const MatmulJob& job : jobs) {
+      std::vector<float> got(job.y, job.y + m * job.w.rows), want(got.size());
+      matmul_ref(x.data(), m, job.w, job.bias, want.data());
+      EXPECT_LT(relative_error(got, want), 2e-6f) << m << " rows " << job.w.rows;
+    }
+  }
+}
+
 TEST(Matmul, RowSliceIsTheSubMatrix) {
   const StoredWeight w = store(random_vector(12 * 8, 4), 12, 8, DType::BF16);
   const std::vector<float> x = random_vector(8, 5);
@@ -166,7 +186,8 @@ TEST(Activation, MatchesReferenceAndKnownValues) {
     std::vector<float> got(gate.size()), want(gate.size());
     gated_activation(gate.data(), up.data(), int64_t(gate.size()), act, got.data());
     gated_activation_ref(gate.data(), up.data(), int64_t(gate.size()), act, want.data());
-    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-6f * (1 + std::abs(want[i])));
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 2e-6f * (1 + std::abs(want[i])));
   }
   // silu(1) = 1 / (1 + e^-1); gelu_tanh(1) = 0.8411919906 (torch gelu approximate="tanh").
   const float one = 1.0f;

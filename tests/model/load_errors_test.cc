@@ -5,7 +5,6 @@
 
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -29,7 +28,9 @@ void write_safetensors(const fs::path& path, const std::vector<Tensor>& tensors)
   nlohmann::json header = nlohmann::json::object();
   size_t offset = 0;
   for (const Tensor& t : tensors) {
-    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes.size()}}};
+    header[t.name] = {{"dtype", t.dtype},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.bytes.size()}}};
     offset += t.bytes.size();
   }
   const std::string text = header.dump();
@@ -37,7 +38,8 @@ void write_safetensors(const fs::path& path, const std::vector<Tensor>& tensors)
   const uint64_t n = text.size();
   out.write(reinterpret_cast<const char*>(&n), 8);
   out.write(text.data(), std::streamsize(text.size()));
-  for (const Tensor& t : tensors) out.write(reinterpret_cast<const char*>(t.bytes.data()), std::streamsize(t.bytes.size()));
+  for (const Tensor& t : tensors)
+    out.write(reinterpret_cast<const char*>(t.bytes.data()), std::streamsize(t.bytes.size()));
 }
 
 // The hf-tiny llama tensors, as editable copies.
@@ -45,7 +47,8 @@ std::vector<Tensor> llama_tensors() {
   const SafetensorsFile f = SafetensorsFile::open(fixture("hf-tiny/llama/model.safetensors"));
   std::vector<Tensor> out;
   for (const TensorView& t : f.tensors()) {
-    out.push_back({t.name, dtype_name(t.dtype), t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes)});
+    out.push_back(
+        {t.name, dtype_name(t.dtype), t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes)});
   }
   return out;
 }
@@ -107,11 +110,15 @@ TEST_F(BrokenModel, MissingConfigAndWeights) {
 TEST_F(BrokenModel, ShardedLoadsAndAMissingShardIsNamed) {
   std::vector<Tensor> tensors = llama_tensors();
   const size_t half = tensors.size() / 2;
-  write_safetensors(dir_ / "model-00001-of-00002.safetensors", {tensors.begin(), tensors.begin() + long(half)});
-  write_safetensors(dir_ / "model-00002-of-00002.safetensors", {tensors.begin() + long(half), tensors.end()});
-  nlohmann::json index = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
+  write_safetensors(dir_ / "model-00001-of-00002.safetensors",
+                    {tensors.begin(), tensors.begin() + long(half)});
+  write_safetensors(dir_ / "model-00002-of-00002.safetensors",
+                    {tensors.begin() + long(half), tensors.end()});
+  nlohmann::json index = {{"metadata", nlohmann::json::object()},
+                          {"weight_map", nlohmann::json::object()}};
   for (size_t i = 0; i < tensors.size(); ++i) {
-    index["weight_map"][tensors[i].name] = i < half ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+    index["weight_map"][tensors[i].name] =
+        i < half ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
   }
   std::ofstream(dir_ / "model.safetensors.index.json") << index.dump();
   EXPECT_EQ(Model::load(dir_.string())->info().num_layers, 2);

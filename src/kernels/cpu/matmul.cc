@@ -1,5 +1,8 @@
 // Fast matmul (see matmul.h): AVX2 dot products for few activation rows, OpenBLAS sgemm on
-// widened weight panels for many. Both split the output features over the thread pool.
+// widened weight panels for many. Both split the output features (of all products of a
+// matmul_many) over the thread pool.
+#include "kernels/cpu/matmul.h"
+
 #include <cblas.h>
 
 #include <algorithm>
@@ -9,7 +12,6 @@
 #include "core/cpu.h"
 #include "core/error.h"
 #include "core/threads.h"
-#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_avx2.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
@@ -36,43 +38,64 @@ void make_openblas_single_threaded() {
   std::call_once(once, [] { openblas_set_num_threads(1); });
 }
 
-void gemm_panels(const float* x, int64_t m, const WeightMatrix& w, float* y) {
-  make_openblas_single_threaded();
-  parallel_for(w.rows, 16, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> panel;  // [kPanelRows, w.cols]
-    for (int64_t p = begin; p < end; p += kPanelRows) {
-      const int64_t rows = std::min(kPanelRows, end - p);
-      const float* wp;
-      if (w.dtype == DType::F32) {
-        wp = reinterpret_cast<const float*>(w.data) + p * w.cols;
-      } else {
-        panel.resize(size_t(rows * w.cols));
-        widen_rows(w, p, rows, panel.data());
-        wp = panel.data();
-      }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(rows), int(w.cols), 1.0f,
-                  x, int(w.cols), wp, int(w.cols), 0.0f, y + p, int(w.rows));
+// Output features [begin, end) of one product through sgemm on widened weight panels.
+void gemm_rows(const float* x, int64_t m, const WeightMatrix& w, int64_t begin, int64_t end,
+               float* y) {
+  thread_local std::vector<float> panel;  // [kPanelRows, w.cols]
+  for (int64_t p = begin; p < end; p += kPanelRows) {
+    const int64_t rows = std::min(kPanelRows, end - p);
+    const float* wp;
+    if (w.dtype == DType::F32) {
+      wp = reinterpret_cast<const float*>(w.data) + p * w.cols;
+    } else {
+      panel.resize(size_t(rows * w.cols));
+      widen_rows(w, p, rows, panel.data());
+      wp = panel.data();
     }
-  });
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(rows), int(w.cols), 1.0f, x,
+                int(w.cols), wp, int(w.cols), 0.0f, y + p, int(w.rows));
+  }
+}
+
+// Output features [begin, end) of one product, bias included.
+void product_rows(const MatmulJob& job, int64_t m, int64_t begin, int64_t end) {
+  const WeightMatrix& w = job.w;
+  if (cpu_has_avx2() && m < kGemmMinRows) {
+    avx2::matmul_rows(job.x, m, w, begin, end, job.y);
+  } else {
+    gemm_rows(job.x, m, w, begin, end, job.y);
+  }
+  if (job.bias != nullptr) {
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t n = begin; n < end; ++n) job.y[i * w.rows + n] += job.bias[n];
+    }
+  }
 }
 
 }  // namespace
 
-void matmul(const float* x, int64_t m, const WeightMatrix& w, const float* bias, float* y) {
-  check_weight(w);
-  if (m <= 0 || w.rows <= 0) return;
-  if (cpu_has_avx2() && m < kGemmMinRows) {
-    parallel_for(w.rows, 16, [&](int64_t begin, int64_t end) {
-      avx2::matmul_rows(x, m, w, begin, end, y);
-    });
-  } else {
-    gemm_panels(x, m, w, y);
+void matmul_many(int64_t m, std::span<const MatmulJob> jobs) {
+  int64_t total_rows = 0;
+  for (const MatmulJob& job : jobs) {
+    check_weight(job.w);
+    total_rows += job.w.rows;
   }
-  if (bias != nullptr) {
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t n = 0; n < w.rows; ++n) y[i * w.rows + n] += bias[n];
+  if (m <= 0 || total_rows <= 0) return;
+  make_openblas_single_threaded();
+  // The output features of all jobs, end to end, split over the threads.
+  parallel_for(total_rows, 16, [&](int64_t begin, int64_t end) {
+    int64_t offset = 0;
+    for (const MatmulJob& job : jobs) {
+      const int64_t first = std::max(begin, offset), last = std::min(end, offset + job.w.rows);
+      if (first < last) product_rows(job, m, first - offset, last - offset);
+      offset += job.w.rows;
     }
-  }
+  });
+}
+
+void matmul(const float* x, int64_t m, const WeightMatrix& w, const float* bias, float* y) {
+  const MatmulJob job{x, w, bias, y};
+  matmul_many(m, {&job, 1});
 }
 
 void widen_rows(const WeightMatrix& w, int64_t begin, int64_t count, float* out) {
@@ -85,11 +108,8 @@ void widen_rows(const WeightMatrix& w, int64_t begin, int64_t count, float* out)
 }
 
 void gather_rows(const WeightMatrix& w, const int32_t* rows, int64_t n, float scale, float* out) {
+  check_gather_rows(w, rows, n);
   for (int64_t i = 0; i < n; ++i) {
-    if (rows[i] < 0 || rows[i] >= w.rows) {
-      throw InvalidArgument(str_cat("token id ", rows[i], " is outside the vocabulary [0, ",
-                                    w.rows, ")"));
-    }
     float* row = out + i * w.cols;
     widen_rows(w, rows[i], 1, row);
     if (scale != 1.0f) {

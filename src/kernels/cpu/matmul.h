@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "core/safetensors.h"
 
@@ -30,8 +31,21 @@ struct WeightMatrix {
 void matmul(const float* x, int64_t m, const WeightMatrix& w, const float* bias, float* y);
 void matmul_ref(const float* x, int64_t m, const WeightMatrix& w, const float* bias, float* y);
 
+// One product of a matmul_many: y = x · wᵀ + bias, as in matmul.
+struct MatmulJob {
+  const float* x;  // [m, w.cols]
+  WeightMatrix w;
+  const float* bias;  // [w.rows] or null
+  float* y;           // [m, w.rows]
+};
+// Several products with the same number of activation rows in one parallel region (q, k and v
+// of a layer; gate and up): the threads split the output features of all of them together,
+// which saves a fork/join per product when decoding.
+void matmul_many(int64_t m, std::span<const MatmulJob> jobs);
+
 // out[i, :] = scale * w[rows[i], :] for i in [0, n): an embedding lookup. Throws
-// InvalidArgument naming the id when a row is outside [0, w.rows).
+// InvalidArgument naming the id when a row is outside [0, w.rows) (check_gather_rows).
+void check_gather_rows(const WeightMatrix& w, const int32_t* rows, int64_t n);
 void gather_rows(const WeightMatrix& w, const int32_t* rows, int64_t n, float scale, float* out);
 void gather_rows_ref(const WeightMatrix& w, const int32_t* rows, int64_t n, float scale,
                      float* out);

@@ -17,8 +17,8 @@ inline __m256 load8(const uint8_t* row, int64_t k) {
   if constexpr (D == DType::F32) {
     return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
   } else {
-    const __m128i h =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(row) + k));
+    const __m128i h = _mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(row) + k));
     if constexpr (D == DType::F16) {
       return _mm256_cvtph_ps(h);
     } else {
@@ -48,8 +48,7 @@ inline float hsum(__m256 v) {
 // out[g * ldo] = <x[g, :], wrow> for g in [0, G): one pass over the weight row serves G
 // activation rows; U independent accumulators per row hide the FMA latency.
 template <DType D, int G>
-inline void dot_group(const float* x, int64_t cols, const uint8_t* wrow, float* out,
-                      int64_t ldo) {
+inline void dot_group(const float* x, int64_t cols, const uint8_t* wrow, float* out, int64_t ldo) {
   constexpr int U = G == 1 ? 4 : 2;
   __m256 acc[G][U];
   for (int g = 0; g < G; ++g) {
@@ -85,7 +84,8 @@ void matmul_rows_typed(const float* x, int64_t m, const WeightMatrix& w, int64_t
   for (int64_t n = row_begin; n < row_end; ++n) {
     const uint8_t* wrow = w.data + n * row_bytes;
     int64_t i = 0;
-    for (; i + 4 <= m; i += 4) dot_group<D, 4>(x + i * w.cols, w.cols, wrow, y + i * w.rows + n, w.rows);
+    for (; i + 4 <= m; i += 4)
+      dot_group<D, 4>(x + i * w.cols, w.cols, wrow, y + i * w.rows + n, w.rows);
     switch (m - i) {
       case 3:
         dot_group<D, 3>(x + i * w.cols, w.cols, wrow, y + i * w.rows + n, w.rows);

@@ -34,7 +34,8 @@ void matmul_ref(const float* x, int64_t m, const WeightMatrix& w, const float* b
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t n = 0; n < w.rows; ++n) {
       double sum = bias != nullptr ? bias[n] : 0.0;
-      for (int64_t k = 0; k < w.cols; ++k) sum += double(x[i * w.cols + k]) * weight_at(w, n * w.cols + k);
+      for (int64_t k = 0; k < w.cols; ++k)
+        sum += double(x[i * w.cols + k]) * weight_at(w, n * w.cols + k);
       y[i * w.rows + n] = float(sum);
     }
   }
@@ -44,13 +45,19 @@ void widen_rows_ref(const WeightMatrix& w, int64_t begin, int64_t count, float* 
   for (int64_t i = 0; i < count * w.cols; ++i) out[i] = weight_at(w, begin * w.cols + i);
 }
 
-void gather_rows_ref(const WeightMatrix& w, const int32_t* rows, int64_t n, float scale,
-                     float* out) {
+void check_gather_rows(const WeightMatrix& w, const int32_t* rows, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     if (rows[i] < 0 || rows[i] >= w.rows) {
-      throw InvalidArgument(str_cat("token id ", rows[i], " is outside the vocabulary [0, ",
-                                    w.rows, ")"));
+      throw InvalidArgument(
+          str_cat("token id ", rows[i], " is outside the vocabulary [0, ", w.rows, ")"));
     }
+  }
+}
+
+void gather_rows_ref(const WeightMatrix& w, const int32_t* rows, int64_t n, float scale,
+                     float* out) {
+  check_gather_rows(w, rows, n);
+  for (int64_t i = 0; i < n; ++i) {
     for (int64_t k = 0; k < w.cols; ++k) {
       out[i * w.cols + k] = scale * weight_at(w, rows[i] * w.cols + k);
     }

@@ -1,9 +1,9 @@
 // AVX2 RMSNorm rows (norm.h); entered only after cpu_has_avx2().
+#include "kernels/cpu/norm_avx2.h"
+
 #include <immintrin.h>
 
 #include <cmath>
-
-#include "kernels/cpu/norm_avx2.h"
 
 namespace turbokv::avx2 {
 

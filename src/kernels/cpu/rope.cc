@@ -1,10 +1,11 @@
 // Fast RoPE (rope.h): the cos/sin of a token's angles are computed once and applied to all its
 // heads; tokens are spread over the thread pool.
+#include "kernels/cpu/rope.h"
+
 #include <cmath>
 #include <vector>
 
 #include "core/threads.h"
-#include "kernels/cpu/rope.h"
 
 namespace turbokv {
 

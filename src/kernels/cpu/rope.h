@@ -20,7 +20,7 @@ struct RopeTable {
 // x: [n_tokens, n_heads, head_dim], rotated in place; positions: [n_tokens].
 void apply_rope(float* x, int64_t n_tokens, int n_heads, int head_dim, const int64_t* positions,
                 const RopeTable& rope);
-void apply_rope_ref(float* x, int64_t n_tokens, int n_heads, int head_dim,
-                    const int64_t* positions, const RopeTable& rope);
+void apply_rope_ref(float* x, int64_t n_tokens, int n_heads, int head_dim, const int64_t* positions,
+                    const RopeTable& rope);
 
 }  // namespace turbokv

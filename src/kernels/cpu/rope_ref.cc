@@ -5,8 +5,8 @@
 
 namespace turbokv {
 
-void apply_rope_ref(float* x, int64_t n_tokens, int n_heads, int head_dim,
-                    const int64_t* positions, const RopeTable& rope) {
+void apply_rope_ref(float* x, int64_t n_tokens, int n_heads, int head_dim, const int64_t* positions,
+                    const RopeTable& rope) {
   const int half = rope.rotary_dim() / 2;
   for (int64_t t = 0; t < n_tokens; ++t) {
     for (int h = 0; h < n_heads; ++h) {
