@@ -1,3 +1,4 @@
+// Sampler and RNG implementation (see sampler.h for the order of the filters).
 #include "engine/sampler.h"
 
 #include <algorithm>

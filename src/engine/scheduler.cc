@@ -1,3 +1,6 @@
+// The engine thread's step loop: admission, batch building (decode first, then prefill chunks
+// within the token budget), one batched forward, sampling and stop handling per sequence, and
+// the per-request mailboxes that GenerationStream reads.
 #include "engine/scheduler.h"
 
 #include <algorithm>

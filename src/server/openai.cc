@@ -1,3 +1,4 @@
+// OpenAI request parsing with typed 400 errors, and the response/usage JSON (see openai.h).
 #include "server/openai.h"
 
 #include <cmath>

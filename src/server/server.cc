@@ -1,3 +1,5 @@
+// httplib routes of the OpenAI-compatible server: auth, error bodies, plain and SSE responses,
+// Prometheus metrics (see server.h).
 #include "server/server.h"
 
 #include <httplib.h>
