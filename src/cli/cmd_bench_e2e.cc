@@ -1,6 +1,7 @@
 // `turbokv bench e2e`: prefill (one forward over a prompt) and decode (one token per forward,
 // greedy) tokens/s of the whole model, with the dense KV cache and with a quantized one, in
 // the same run; prints both and the ratio. The prompt is deterministic pseudo-random token ids.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -46,6 +47,20 @@ Speed measure(const Model& model, const std::vector<int32_t>& prompt, int gen_to
   return speed;
 }
 
+// Per-field medians of the runs.
+Speed median(std::vector<Speed> runs) {
+  auto middle = [&](auto field) {
+    std::sort(runs.begin(), runs.end(),
+              [&](const Speed& a, const Speed& b) { return a.*field < b.*field; });
+    return runs[runs.size() / 2].*field;
+  };
+  Speed m;
+  m.prefill_tps = middle(&Speed::prefill_tps);
+  m.decode_tps = middle(&Speed::decode_tps);
+  m.kv_bytes = runs.front().kv_bytes;
+  return m;
+}
+
 }  // namespace
 
 CLI::App* add_e2e_bench(CLI::App& bench, E2EBenchFlags& flags) {
@@ -55,6 +70,7 @@ CLI::App* add_e2e_bench(CLI::App& bench, E2EBenchFlags& flags) {
   cmd->add_option("--prompt-tokens", flags.prompt_tokens, "prompt length")->capture_default_str();
   cmd->add_option("--gen-tokens", flags.gen_tokens, "decoded tokens")->capture_default_str();
   cmd->add_option("--threads", flags.threads, "worker threads")->capture_default_str();
+  cmd->add_option("--repeats", flags.repeats, "runs per side (medians)")->capture_default_str();
   cmd->add_flag("--json", flags.json, "print one JSON object");
   flags.kv.kv_bits = "3.5";
   flags.kv.add_to(*cmd);
@@ -62,9 +78,10 @@ CLI::App* add_e2e_bench(CLI::App& bench, E2EBenchFlags& flags) {
 }
 
 int run_e2e_bench(const E2EBenchFlags& flags) {
-  if (flags.prompt_tokens < 1 || flags.gen_tokens < 1) {
-    throw InvalidArgument(str_cat("--prompt-tokens ", flags.prompt_tokens, " and --gen-tokens ",
-                                  flags.gen_tokens, " must be >= 1"));
+  if (flags.prompt_tokens < 1 || flags.gen_tokens < 1 || flags.repeats < 1) {
+    throw InvalidArgument(str_cat("--prompt-tokens ", flags.prompt_tokens, ", --gen-tokens ",
+                                  flags.gen_tokens, " and --repeats ", flags.repeats,
+                                  " must be >= 1"));
   }
   const ResolvedKV quant = resolve_kv_options(flags.kv.options());
   set_num_threads(flags.threads);
@@ -92,14 +109,15 @@ int run_e2e_bench(const E2EBenchFlags& flags) {
                           {"threads", flags.threads},
                           {"prompt_tokens", flags.prompt_tokens},
                           {"gen_tokens", flags.gen_tokens},
+                          {"repeats", flags.repeats},
                           {"results", {row("dense", dense), row(scheme.c_str(), quantized)}},
                           {"prefill_ratio", quantized.prefill_tps / dense.prefill_tps},
                           {"decode_ratio", quantized.decode_tps / dense.decode_tps}};
     std::printf("%s\n", out.dump().c_str());
     return 0;
   }
-  std::printf("%d threads, prompt %d tokens, %d decoded tokens\n", flags.threads,
-              flags.prompt_tokens, flags.gen_tokens);
+  std::printf("%d threads, prompt %d tokens, %d decoded tokens, medians of %d runs\n",
+              flags.threads, flags.prompt_tokens, flags.gen_tokens, flags.repeats);
   std::printf("%-12s %12s %12s %12s\n", "kv", "prefill t/s", "decode t/s", "kv bytes");
   std::printf("%-12s %12.1f %12.1f %12zu\n", "dense", dense.prefill_tps, dense.decode_tps,
               dense.kv_bytes);
