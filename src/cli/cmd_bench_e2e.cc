@@ -95,8 +95,13 @@ int run_e2e_bench(const E2EBenchFlags& flags) {
       *model,
       std::vector<int32_t>(prompt.begin(), prompt.begin() + std::min<size_t>(prompt.size(), 16)), 2,
       ResolvedKV{});  // warm-up: page in the weights, start the pool
-  const Speed dense = measure(*model, prompt, flags.gen_tokens, ResolvedKV{});
-  const Speed quantized = measure(*model, prompt, flags.gen_tokens, quant);
+  // Dense and quantized runs alternate, so a busy machine slows both alike; medians reported.
+  std::vector<Speed> dense_runs, quantized_runs;
+  for (int r = 0; r < flags.repeats; ++r) {
+    dense_runs.push_back(measure(*model, prompt, flags.gen_tokens, ResolvedKV{}));
+    quantized_runs.push_back(measure(*model, prompt, flags.gen_tokens, quant));
+  }
+  const Speed dense = median(dense_runs), quantized = median(quantized_runs);
   const std::string scheme = kv_scheme_name(quant.scheme);
   if (flags.json) {
     auto row = [](const char* name, const Speed& s) {
