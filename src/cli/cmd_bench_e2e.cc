@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -19,12 +20,22 @@ namespace {
 struct Speed {
   double prefill_tps = 0;
   double decode_tps = 0;
+  // Tokens per CPU-second of the process (all threads): on a shared, busy machine this stays
+  // put while wall-clock rates drop; threads × this bounds the rate of an idle machine.
+  double prefill_tps_cpu = 0;
+  double decode_tps_cpu = 0;
   size_t kv_bytes = 0;
 };
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
+// Wall-clock and process CPU seconds since construction.
+struct Stopwatch {
+  std::chrono::steady_clock::time_point wall = std::chrono::steady_clock::now();
+  std::clock_t cpu = std::clock();
+  double wall_seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - wall).count();
+  }
+  double cpu_seconds() const { return double(std::clock() - cpu) / CLOCKS_PER_SEC; }
+};
 
 Speed measure(const Model& model, const std::vector<int32_t>& prompt, int gen_tokens,
               const ResolvedKV& kv) {
@@ -32,17 +43,19 @@ Speed measure(const Model& model, const std::vector<int32_t>& prompt, int gen_to
   std::vector<float> logits(static_cast<size_t>(V));
   LayerCaches caches = make_layer_caches(model.layer_specs(), kv);
   Speed speed;
-  auto start = std::chrono::steady_clock::now();
+  Stopwatch prefill_time;
   Model::Chunk prefill{prompt.data(), int(prompt.size()), &caches, logits.data(), false};
   model.forward({&prefill, 1});
-  speed.prefill_tps = double(prompt.size()) / seconds_since(start);
-  start = std::chrono::steady_clock::now();
+  speed.prefill_tps = double(prompt.size()) / prefill_time.wall_seconds();
+  speed.prefill_tps_cpu = double(prompt.size()) / prefill_time.cpu_seconds();
+  Stopwatch decode_time;
   for (int i = 0; i < gen_tokens; ++i) {
     int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
     Model::Chunk step{&next, 1, &caches, logits.data(), false};
     model.forward({&step, 1});
   }
-  speed.decode_tps = double(gen_tokens) / seconds_since(start);
+  speed.decode_tps = double(gen_tokens) / decode_time.wall_seconds();
+  speed.decode_tps_cpu = double(gen_tokens) / decode_time.cpu_seconds();
   for (const auto& c : caches) speed.kv_bytes += c->nbytes();
   return speed;
 }
@@ -57,6 +70,8 @@ Speed median(std::vector<Speed> runs) {
   Speed m;
   m.prefill_tps = middle(&Speed::prefill_tps);
   m.decode_tps = middle(&Speed::decode_tps);
+  m.prefill_tps_cpu = middle(&Speed::prefill_tps_cpu);
+  m.decode_tps_cpu = middle(&Speed::decode_tps_cpu);
   m.kv_bytes = runs.front().kv_bytes;
   return m;
 }
@@ -108,6 +123,8 @@ int run_e2e_bench(const E2EBenchFlags& flags) {
       return nlohmann::json{{"kv", name},
                             {"prefill_tps", s.prefill_tps},
                             {"decode_tps", s.decode_tps},
+                            {"prefill_tps_per_cpu_second", s.prefill_tps_cpu},
+                            {"decode_tps_per_cpu_second", s.decode_tps_cpu},
                             {"kv_bytes", s.kv_bytes}};
     };
     nlohmann::json out = {{"model", flags.model_dir},
@@ -123,13 +140,18 @@ int run_e2e_bench(const E2EBenchFlags& flags) {
   }
   std::printf("%d threads, prompt %d tokens, %d decoded tokens, medians of %d runs\n",
               flags.threads, flags.prompt_tokens, flags.gen_tokens, flags.repeats);
-  std::printf("%-12s %12s %12s %12s\n", "kv", "prefill t/s", "decode t/s", "kv bytes");
-  std::printf("%-12s %12.1f %12.1f %12zu\n", "dense", dense.prefill_tps, dense.decode_tps,
-              dense.kv_bytes);
-  std::printf("%-12s %12.1f %12.1f %12zu\n", scheme.c_str(), quantized.prefill_tps,
-              quantized.decode_tps, quantized.kv_bytes);
-  std::printf("%-12s %12.2fx %11.2fx\n", "ratio", quantized.prefill_tps / dense.prefill_tps,
-              quantized.decode_tps / dense.decode_tps);
+  std::printf("%-12s %12s %12s %14s %14s %10s\n", "kv", "prefill t/s", "decode t/s",
+              "prefill t/cpu-s", "decode t/cpu-s", "kv bytes");
+  auto print_row = [](const char* name, const Speed& s) {
+    std::printf("%-12s %12.1f %12.1f %14.1f %14.1f %10zu\n", name, s.prefill_tps, s.decode_tps,
+                s.prefill_tps_cpu, s.decode_tps_cpu, s.kv_bytes);
+  };
+  print_row("dense", dense);
+  print_row(scheme.c_str(), quantized);
+  std::printf("%-12s %11.2fx %11.2fx %13.2fx %13.2fx\n", "ratio",
+              quantized.prefill_tps / dense.prefill_tps, quantized.decode_tps / dense.decode_tps,
+              quantized.prefill_tps_cpu / dense.prefill_tps_cpu,
+              quantized.decode_tps_cpu / dense.decode_tps_cpu);
   return 0;
 }
 
