@@ -17,6 +17,8 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "kv/dense_kv_cache.h"
+#include "kv/turboquant_kv_cache.h"
+#include "kv/uniform_kv_cache.h"
 
 namespace turbokv::cli {
 namespace {
@@ -62,19 +64,16 @@ void fill(KVCache& cache, int64_t context, uint32_t seed) {
   }
 }
 
-// Median microseconds of one decode attention over the cache.
-double time_decode_us(const KVCache& cache, const AttentionParams& params, const float* q,
-                      float* out, int repeats) {
+// The caches compared, each filled with the same tokens.
+struct BenchCache {
+  const char* name;
+  std::unique_ptr<KVCache> cache;
   std::vector<double> us;
-  cache.attend(q, 1, params, out);  // warm-up
-  for (int i = 0; i < repeats; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    cache.attend(q, 1, params, out);
-    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
-                     .count());
-  }
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
+};
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
 }
 
 int run_attention_bench(const AttentionBenchFlags& flags) {
@@ -82,8 +81,10 @@ int run_attention_bench(const AttentionBenchFlags& flags) {
     throw InvalidArgument(
         str_cat("--device ", flags.device, " is not available in this build; allowed: cpu"));
   }
-  if (flags.threads < 1)
-    throw InvalidArgument(str_cat("--threads ", flags.threads, " must be >= 1"));
+  if (flags.threads < 1 || flags.threads > 1024) {
+    throw InvalidArgument(str_cat("--threads ", flags.threads, " is out of range (1..1024)"));
+  }
+  if (flags.repeats < 0) throw InvalidArgument(str_cat("--repeats ", flags.repeats, " < 0"));
   const std::vector<int64_t> contexts = parse_contexts(flags.contexts);
   set_num_threads(flags.threads);
   constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128;
@@ -95,30 +96,70 @@ int run_attention_bench(const AttentionBenchFlags& flags) {
 
   nlohmann::json results = nlohmann::json::array();
   if (!flags.json) {
-    std::printf("decode attention, %d query heads, %d KV heads, d=%d, %d threads\n", kHeads,
-                kKvHeads, kHeadDim, flags.threads);
-    std::printf("%8s %12s %12s %8s %10s\n", "context", "dense_us", "quant_us", "speedup",
-                "quant_GB/s");
+    std::printf("decode attention: %d query heads, %d KV heads, d=%d, %d threads, median us\n",
+                kHeads, kKvHeads, kHeadDim, flags.threads);
+    std::printf("%8s %10s %10s %8s %9s %10s %8s\n", "context", "dense_f16", "tq_3.5", "speedup",
+                "tq_GB/s", "uniform_4", "speedup");
   }
   for (const int64_t context : contexts) {
     const int repeats = flags.repeats > 0
                             ? flags.repeats
-                            : static_cast<int>(std::clamp<int64_t>((1 << 22) / context, 5, 200));
-    DenseKVCache dense(kKvHeads, kHeadDim, KVDType::kF16);
-    fill(dense, context, 1);
-    const double dense_us = time_decode_us(dense, params, q.data(), out.data(), repeats);
+                            : static_cast<int>(std::clamp<int64_t>((1 << 22) / context, 9, 200));
+    BenchCache caches[] = {
+        {"dense", std::make_unique<DenseKVCache>(kKvHeads, kHeadDim, KVDType::kF16), {}},
+        {"turboquant",
+         std::make_unique<TurboQuantKVCache>(kKvHeads, kHeadDim, TurboQuantKVConfig{3, 4, 0, true}),
+         {}},
+        {"uniform",
+         std::make_unique<UniformKVCache>(kKvHeads, kHeadDim, UniformKVConfig{4, 4, 64}),
+         {}},
+    };
+    for (auto& c : caches) {
+      fill(*c.cache, context, 1);
+      c.cache->attend(q.data(), 1, params, out.data());  // warm-up
+    }
+    // Interleaved, so load from other processes hits all sides alike.
+    for (int i = 0; i < repeats; ++i) {
+      for (auto& c : caches) {
+        const auto start = std::chrono::steady_clock::now();
+        c.cache->attend(q.data(), 1, params, out.data());
+        c.us.push_back(
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+                .count());
+      }
+    }
+    const double dense_us = median(caches[0].us);
+    const double quant_us = median(caches[1].us);
+    const double uniform_us = median(caches[2].us);
     nlohmann::json r = {{"context", context},
                         {"dense_us", dense_us},
-                        {"dense_gbps", dense.nbytes() / dense_us / 1e3}};
+                        {"quant_us", quant_us},
+                        {"speedup", dense_us / quant_us},
+                        {"quant_gbps", caches[1].cache->nbytes() / quant_us / 1e3},
+                        {"dense_gbps", caches[0].cache->nbytes() / dense_us / 1e3},
+                        {"uniform_us", uniform_us},
+                        {"uniform_speedup", dense_us / uniform_us},
+                        {"uniform_gbps", caches[2].cache->nbytes() / uniform_us / 1e3},
+                        {"dense_bytes", caches[0].cache->nbytes()},
+                        {"quant_bytes", caches[1].cache->nbytes()},
+                        {"uniform_bytes", caches[2].cache->nbytes()},
+                        {"repeats", repeats}};
     results.push_back(r);
     if (!flags.json) {
-      std::printf("%8lld %12.1f\n", static_cast<long long>(context), dense_us);
+      std::printf("%8lld %10.1f %10.1f %7.2fx %9.1f %10.1f %7.2fx\n",
+                  static_cast<long long>(context), dense_us, quant_us, dense_us / quant_us,
+                  r["quant_gbps"].get<double>(), uniform_us, dense_us / uniform_us);
     }
   }
   if (flags.json) {
-    nlohmann::json doc = {{"device", flags.device}, {"threads", flags.threads},
-                          {"heads", kHeads},        {"kv_heads", kKvHeads},
-                          {"head_dim", kHeadDim},   {"results", results}};
+    nlohmann::json doc = {{"device", flags.device},
+                          {"threads", flags.threads},
+                          {"heads", kHeads},
+                          {"kv_heads", kKvHeads},
+                          {"head_dim", kHeadDim},
+                          {"quant", "turboquant K3/V4 (3.5)"},
+                          {"uniform", "uniform 4-bit g64"},
+                          {"results", results}};
     std::printf("%s\n", doc.dump().c_str());
   }
   return 0;

@@ -29,24 +29,30 @@ std::vector<double> parse_bits_list(const std::string& text) {
 
 int run_synthetic(int dim, const std::string& bits_text, const std::string& mode, int64_t samples,
                   uint64_t seed, bool json) {
+  const std::vector<double> bits_list = parse_bits_list(bits_text);
+  for (double bits : bits_list) quant::check_codec_mode_bits(mode, bits);
+  if (samples < 1) throw InvalidArgument(str_cat("--samples ", samples, " is invalid: need >= 1"));
   nlohmann::json results = nlohmann::json::array();
   if (!json) {
-    std::printf("codec %s, d=%d, %lld random unit vectors, 4 Gaussian queries each\n",
-                mode.c_str(), dim, static_cast<long long>(samples));
+    std::printf("codec %s, d=%d, %lld random unit vectors, 4 Gaussian queries each\n", mode.c_str(),
+                dim, static_cast<long long>(samples));
     std::printf("%6s %10s %12s %10s %14s\n", "bits", "mse", "mse(normcor)", "ip_bias",
                 "ip_var_times_d");
   }
-  for (double bits : parse_bits_list(bits_text)) {
+  for (double bits : bits_list) {
     if (isatty(2)) std::fprintf(stderr, "bits %g...\r", bits);
     const quant::CodecStats s = quant::measure_codec(dim, bits, mode, samples, 4, seed);
-    nlohmann::json entry = {{"bits", s.bits},           {"mode", s.mode},
-                            {"mse", s.mse},             {"ip_bias", s.ip_bias},
+    nlohmann::json entry = {{"bits", s.bits},
+                            {"mode", s.mode},
+                            {"mse", s.mse},
+                            {"ip_bias", s.ip_bias},
                             {"ip_var_times_d", s.ip_var_times_d}};
     if (mode == "mse") entry["mse_norm_corrected"] = s.mse_norm_corrected;
     results.push_back(entry);
     if (!json) {
-      std::printf("%6g %10.5f %12s %10.5f %14.5f\n", bits, s.mse,
-                  mode == "mse" ? str_cat(s.mse_norm_corrected).c_str() : "-", s.ip_bias,
+      char corrected[32] = "-";
+      if (mode == "mse") std::snprintf(corrected, sizeof(corrected), "%.5f", s.mse_norm_corrected);
+      std::printf("%6g %10.5f %12s %10.5f %14.5f\n", bits, s.mse, corrected, s.ip_bias,
                   s.ip_var_times_d);
     }
   }
@@ -87,12 +93,12 @@ int run_qkv_dump(const std::string& path, const KVOptions& options, bool json) {
     const std::vector<float> q = SafetensorsFile::to_f32(qt);
     const std::vector<float> k = SafetensorsFile::to_f32(kt);
     const std::vector<float> v = SafetensorsFile::to_f32(vt);
-    quant::LayerFidelity f = quant::attention_fidelity(
-        q.data(), k.data(), v.data(), int(qt.shape[0]), int(kt.shape[0]), int(kt.shape[1]),
-        int(kt.shape[2]), kv);
+    quant::LayerFidelity f =
+        quant::attention_fidelity(q.data(), k.data(), v.data(), int(qt.shape[0]), int(kt.shape[0]),
+                                  int(kt.shape[1]), int(kt.shape[2]), kv);
     f.layer = layer;
-    layers.push_back({{"layer", layer}, {"attn_cosine", f.attn_cosine},
-                      {"attn_rel_l2", f.attn_rel_l2}});
+    layers.push_back(
+        {{"layer", layer}, {"attn_cosine", f.attn_cosine}, {"attn_rel_l2", f.attn_rel_l2}});
     cosine_sum += f.attn_cosine;
     ++n_layers;
     if (!json) std::printf("%6d %12.5f %12.5f\n", layer, f.attn_cosine, f.attn_rel_l2);
@@ -113,9 +119,10 @@ int run_qkv_dump(const std::string& path, const KVOptions& options, bool json) {
 }
 
 int codec_main(int argc, char** argv) {
-  CLI::App app{"Codec quality: distortion on random vectors, or attention fidelity on a q/k/v "
-               "dump",
-               "codec"};
+  CLI::App app{
+      "Codec quality: distortion on random vectors, or attention fidelity on a q/k/v "
+      "dump",
+      "codec"};
   int dim = 0;
   std::string bits, mode = "mse", qkv_dump;
   int64_t samples = 10000;

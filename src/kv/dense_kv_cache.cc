@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "kv/byte_io.h"
 
 namespace turbokv {
 DenseKVCache::DenseKVCache(int kv_heads, int head_dim, KVDType dtype)
@@ -42,6 +43,18 @@ void DenseKVCache::attend(const float* q, int n_q, const AttentionParams& params
                           float* out) const {
   check_attend(q, n_q, params, out);
   attention_dense(view(), AttentionQueries{q, n_q, size() - n_q}, params, out);
+}
+
+void DenseKVCache::save(ByteWriter& out) const {
+  write_cache_header(out, "dense", kv_heads_, head_dim_);
+  out.string(kv_dtype_name(dtype()));
+  rows_.write(out);
+}
+
+void DenseKVCache::load(ByteReader& in) {
+  read_cache_header(in, "dense", kv_heads_, head_dim_);
+  expect_same("dense dtype", in.string("dtype"), std::string(kv_dtype_name(dtype())));
+  rows_.read(in, kMaxFileTokens);
 }
 
 RotatingKVCache::RotatingKVCache(int kv_heads, int head_dim, int window, KVDType dtype)
@@ -86,6 +99,26 @@ void RotatingKVCache::attend(const float* q, int n_q, const AttentionParams& par
   AttentionParams windowed = params;
   windowed.sliding_window = window_;
   attention_dense(view(), AttentionQueries{q, n_q, size_ - n_q}, windowed, out);
+}
+
+void RotatingKVCache::save(ByteWriter& out) const {
+  write_cache_header(out, "rotating", kv_heads_, head_dim_);
+  out.string(kv_dtype_name(dtype()));
+  out.put<int32_t>(window_);
+  out.put<int64_t>(size_);
+  rows_.write(out);
+}
+
+void RotatingKVCache::load(ByteReader& in) {
+  read_cache_header(in, "rotating", kv_heads_, head_dim_);
+  expect_same("rotating dtype", in.string("dtype"), std::string(kv_dtype_name(dtype())));
+  expect_same("sliding window", in.get<int32_t>("window"), window_);
+  const int64_t size = in.get<int64_t>("positions");
+  if (size < 0 || size > kMaxFileTokens) {
+    throw FormatError(str_cat("cache file: rotating cache position ", size, " is out of range"));
+  }
+  rows_.read(in, size);
+  size_ = size;
 }
 
 }  // namespace turbokv

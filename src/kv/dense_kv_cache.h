@@ -21,6 +21,8 @@ class DenseKVCache : public KVCache {
   void trim(int64_t n) override;
   size_t nbytes() const override { return rows_.nbytes(); }
   void attend(const float* q, int n_q, const AttentionParams& params, float* out) const override;
+  void save(ByteWriter& out) const override;
+  void load(ByteReader& in) override;
 
   KVDType dtype() const { return rows_.dtype(); }
   DenseKVView view() const { return rows_.view(0); }
@@ -54,6 +56,8 @@ class RotatingKVCache : public KVCache {
   size_t nbytes() const override { return rows_.nbytes(); }
   // params.sliding_window must be 0 (use the cache's) or equal to window().
   void attend(const float* q, int n_q, const AttentionParams& params, float* out) const override;
+  void save(ByteWriter& out) const override;
+  void load(ByteReader& in) override;
 
   int window() const { return window_; }
   KVDType dtype() const { return rows_.dtype(); }

@@ -2,7 +2,9 @@
 
 #include <cstring>
 
+#include "core/error.h"
 #include "core/half.h"
+#include "kv/byte_io.h"
 
 namespace turbokv {
 namespace {
@@ -92,6 +94,34 @@ void DenseRows::drop_oldest(int64_t n) {
     }
   }
   rows_ -= n;
+}
+
+void DenseRows::write(ByteWriter& out) const {
+  out.put<int64_t>(rows_);
+  for (const auto* buffer : {&keys_, &values_}) {
+    for (int h = 0; h < kv_heads_; ++h) {
+      out.bytes(buffer->data() + h * row_bytes() * capacity_, rows_ * row_bytes());
+    }
+  }
+}
+
+void DenseRows::read(ByteReader& in, int64_t max_rows) {
+  const int64_t rows = in.get<int64_t>("token count");
+  if (rows < 0 || rows > max_rows) {
+    throw FormatError(str_cat("cache file: token count ", rows, " is not in 0..", max_rows));
+  }
+  if (static_cast<uint64_t>(rows) * row_bytes() * kv_heads_ * 2 > in.remaining()) {
+    throw FormatError(str_cat("cache file is truncated: ", rows, " tokens do not fit in the ",
+                              in.remaining(), " bytes left"));
+  }
+  rows_ = 0;
+  reserve(rows);
+  for (auto* buffer : {&keys_, &values_}) {
+    for (int h = 0; h < kv_heads_; ++h) {
+      in.bytes(buffer->data() + h * row_bytes() * capacity_, rows * row_bytes(), "dense rows");
+    }
+  }
+  rows_ = rows;
 }
 
 void DenseRows::read_f32(int64_t first, int64_t n, float* k, float* v) const {

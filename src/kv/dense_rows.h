@@ -10,6 +10,9 @@
 
 namespace turbokv {
 
+class ByteWriter;
+class ByteReader;
+
 class DenseRows {
  public:
   static constexpr int64_t kCapacityStep = 256;
@@ -29,6 +32,11 @@ class DenseRows {
   void drop_oldest(int64_t n);
 
   DenseKVView view(int64_t first_pos) const;
+
+  // Serialization (kv/cache_file.h): row count, then every head's keys, then values.
+  void write(ByteWriter& out) const;
+  // Replaces the rows; throws FormatError for a row count above max_rows.
+  void read(ByteReader& in, int64_t max_rows);
   // Rows [first, first + n) as f32 into k, v [n, kv_heads, head_dim].
   void read_f32(int64_t first, int64_t n, float* k, float* v) const;
 

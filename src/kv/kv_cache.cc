@@ -14,6 +14,14 @@ void check_kv_shape(int kv_heads, int head_dim) {
   }
 }
 
+void KVCache::save(ByteWriter&) const {
+  throw Unsupported(str_cat("a ", type_name(), " cache cannot be saved"));
+}
+
+void KVCache::load(ByteReader&) {
+  throw Unsupported(str_cat("a ", type_name(), " cache cannot be loaded"));
+}
+
 void KVCache::append_checked(const float* k, const float* v, int n_tokens, int kv_heads,
                              int head_dim) {
   if (kv_heads != this->kv_heads() || head_dim != this->head_dim()) {

@@ -19,6 +19,9 @@
 
 namespace turbokv {
 
+class ByteWriter;
+class ByteReader;
+
 // What the cache policy needs to know about one attention layer.
 struct LayerSpec {
   int kv_heads = 0;
@@ -49,6 +52,13 @@ class KVCache {
   // Attention for n_q queries at the last n_q positions appended (causal, plus the sliding
   // window of params). out may not alias q.
   virtual void attend(const float* q, int n_q, const AttentionParams& params, float* out) const = 0;
+
+  // Save/load of the whole state (kv/cache_file.h). save() writes the cache's kind, its
+  // configuration and its tokens. load() checks kind and configuration against this cache
+  // (InvalidArgument naming the field that differs), then replaces its state; FormatError for
+  // malformed data. The defaults throw Unsupported.
+  virtual void save(ByteWriter& out) const;
+  virtual void load(ByteReader& in);
 
   // append() for callers that know the shape of k and v: throws InvalidArgument naming the
   // mismatch when kv_heads or head_dim differ from the cache's, or n_tokens < 0.

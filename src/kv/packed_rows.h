@@ -10,6 +10,9 @@
 
 namespace turbokv {
 
+class ByteWriter;
+class ByteReader;
+
 class PackedRows {
  public:
   static constexpr int64_t kCapacityStep = 256;
@@ -27,6 +30,11 @@ class PackedRows {
   // Makes room for n more rows; returns the index of the first new row.
   int64_t grow(int64_t n);
   void drop_newest(int64_t n) { rows_ -= n; }
+
+  // Serialization (kv/cache_file.h): row count, then every head's codes and aux words.
+  void write(ByteWriter& out) const;
+  // Replaces the rows; throws FormatError for a row count above max_rows.
+  void read(ByteReader& in, int64_t max_rows);
 
   uint8_t* codes(int h, int64_t t) { return codes_.data() + (h * capacity_ + t) * code_bytes_; }
   const uint8_t* codes(int h, int64_t t) const {

@@ -32,12 +32,19 @@ class StagedKVCache : public KVCache {
     current().attend(q, n_q, params, out);
   }
 
+  // Records quantized_kv_start and which stage the cache is in, then that stage's record.
+  void save(ByteWriter& out) const override;
+  void load(ByteReader& in) override;
+
   bool converted() const { return quantized_ != nullptr; }
   int64_t quantized_kv_start() const { return start_; }
   const KVCache& current() const;
   KVCache& current();
 
  private:
+  int kv_heads_;
+  int head_dim_;
+  KVDType dense_dtype_;
   int64_t start_;
   Convert convert_;
   std::unique_ptr<DenseKVCache> dense_;

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/threads.h"
+#include "kv/byte_io.h"
 #include "quant/codec_split.h"
 
 namespace turbokv {
@@ -170,6 +171,61 @@ void TurboQuantKVCache::attend(const float* q, int n_q, const AttentionParams& p
                                float* out) const {
   check_attend(q, n_q, params, out);
   attention_turboquant(view(), AttentionQueries{q, n_q, size() - n_q}, params, out);
+}
+
+void TurboQuantKVCache::save(ByteWriter& out) const {
+  write_cache_header(out, "turboquant", kv_heads_, head_dim_);
+  out.put<double>(config_.key_bits);
+  out.put<double>(config_.value_bits);
+  out.put<uint64_t>(config_.seed);
+  out.put<uint8_t>(config_.norm_correction ? 1 : 0);
+  for (const Tensor* tensor : {&keys_, &values_}) {
+    const auto orders = tensor->channel_orders();  // [kv_heads][d] or empty
+    out.put<uint8_t>(orders.empty() ? 0 : 1);
+    for (const auto& order : orders) {
+      for (int channel : order) out.put<uint16_t>(static_cast<uint16_t>(channel));
+    }
+  }
+  keys_.rows.write(out);
+  values_.rows.write(out);
+}
+
+void TurboQuantKVCache::load(ByteReader& in) {
+  read_cache_header(in, "turboquant", kv_heads_, head_dim_);
+  expect_same("key bits", in.get<double>("key bits"), config_.key_bits);
+  expect_same("value bits", in.get<double>("value bits"), config_.value_bits);
+  expect_same("rotation seed", in.get<uint64_t>("seed"), config_.seed);
+  expect_same("norm correction", int(in.get<uint8_t>("norm correction")),
+              int(config_.norm_correction));
+  for (Tensor* tensor : {&keys_, &values_}) {
+    const bool has_orders = in.get<uint8_t>("split flag") != 0;
+    if (!has_orders) {
+      if (tensor->split()) {  // not calibrated yet in the file either
+        tensor->codecs.clear();
+        tensor->per_head.clear();
+      }
+      continue;
+    }
+    if (!tensor->split()) throw FormatError("cache file: channel orders for an unsplit codec");
+    std::vector<std::vector<int>> orders(kv_heads_, std::vector<int>(head_dim_));
+    for (auto& order : orders) {
+      for (int& channel : order) channel = in.get<uint16_t>("split channel order");
+    }
+    try {
+      make_codecs(*tensor, nullptr, 0, &orders);
+    } catch (const InvalidArgument& e) {
+      throw FormatError(str_cat("cache file: bad split channel order: ", e.what()));
+    }
+  }
+  keys_.rows.read(in, kMaxFileTokens);
+  values_.rows.read(in, keys_.rows.rows());
+  if (values_.rows.rows() != keys_.rows.rows()) {
+    throw FormatError(
+        str_cat("cache file: ", keys_.rows.rows(), " keys but ", values_.rows.rows(), " values"));
+  }
+  if (size() > 0 && (keys_.codecs.empty() || values_.codecs.empty())) {
+    throw FormatError("cache file: tokens without the split channel orders they were coded with");
+  }
 }
 
 DenseKVCache TurboQuantKVCache::to_dense() const {

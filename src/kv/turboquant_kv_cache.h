@@ -39,6 +39,9 @@ class TurboQuantKVCache : public KVCache {
   // head, once the first chunk has fixed them).
   size_t nbytes() const override;
   void attend(const float* q, int n_q, const AttentionParams& params, float* out) const override;
+  // Records bits, seed, norm correction, the split channel orders and the codes.
+  void save(ByteWriter& out) const override;
+  void load(ByteReader& in) override;
 
   const TurboQuantKVConfig& config() const { return config_; }
   // Bytes one token of one KV head takes (keys and values, codes and norms).

@@ -31,6 +31,8 @@ class UniformKVCache : public KVCache {
   // Codes + fp16 (scale, min) per group, keys and values.
   size_t nbytes() const override { return keys_.nbytes() + values_.nbytes(); }
   void attend(const float* q, int n_q, const AttentionParams& params, float* out) const override;
+  void save(ByteWriter& out) const override;
+  void load(ByteReader& in) override;
 
   const UniformKVConfig& config() const { return config_; }
   size_t bytes_per_token_head() const {

@@ -18,43 +18,84 @@ inline float reduce_tree(__m256 p) {
   return _mm_cvtss_f32(s1);
 }
 
-// Loads the bytes of one group of 8 codes of B bits (B bytes) as a little-endian integer.
-// may_read_4: reading 4 bytes from p stays inside the buffer (avoids a short copy for B = 3).
+// Groups of 8 codes of B bits are B bytes (bitpack.h). load_codes8 reads kGroupLoadBytes<B>
+// bytes from the group start (4 for B <= 4, else 8), so a caller uses it for the groups k
+// with k * B + kGroupLoadBytes<B> <= code_bytes (fast_groups()) and load_codes8_exact for
+// the rest (offset = k * B); both give the 8 codes as int32 lanes.
 template <int B>
-inline uint64_t load_group(const uint8_t* p, bool may_read_4) {
-  uint64_t w = 0;
-  if constexpr (B == 3) {
-    if (may_read_4) {
-      uint32_t w32;
-      std::memcpy(&w32, p, 4);
-      return w32 & 0xffffffu;
-    }
-  }
-  std::memcpy(&w, p, B);
-  return w;
+inline constexpr int kGroupLoadBytes = B <= 4 ? 4 : 8;
+
+template <int B>
+inline int fast_groups(int full_groups, int code_bytes) {
+  const int fit = code_bytes >= kGroupLoadBytes<B> ? (code_bytes - kGroupLoadBytes<B>) / B + 1 : 0;
+  return full_groups < fit ? full_groups : fit;
 }
 
-// 8 codes of B bits from the group word: lanes 0..3 from the low 4B bits, 4..7 from the next.
 template <int B>
-inline __m256i unpack8(uint64_t w) {
-  const __m256i shifts = _mm256_setr_epi32(0, B, 2 * B, 3 * B, 0, B, 2 * B, 3 * B);
-  const __m256i words = _mm256_setr_m128i(_mm_set1_epi32(int(uint32_t(w))),
-                                          _mm_set1_epi32(int(uint32_t(w >> (4 * B)))));
-  return _mm256_and_si256(_mm256_srlv_epi32(words, shifts), _mm256_set1_epi32((1 << B) - 1));
+inline __m256i codes_from_word(uint64_t w) {
+  const __m256i mask = _mm256_set1_epi32((1 << B) - 1);
+  if constexpr (B <= 4) {  // all 8 codes within the low 32 bits
+    const __m256i shifts = _mm256_setr_epi32(0, B, 2 * B, 3 * B, 4 * B, 5 * B, 6 * B, 7 * B);
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(uint32_t(w))), shifts), mask);
+  } else {  // lanes 0..3 from the low 4B bits, lanes 4..7 from the next 4B bits
+    const __m256i shifts = _mm256_setr_epi32(0, B, 2 * B, 3 * B, 0, B, 2 * B, 3 * B);
+    const __m256i words = _mm256_setr_m128i(_mm_set1_epi32(int(uint32_t(w))),
+                                            _mm_set1_epi32(int(uint32_t(w >> (4 * B)))));
+    return _mm256_and_si256(_mm256_srlv_epi32(words, shifts), mask);
+  }
+}
+
+template <int B>
+inline __m256i load_codes8(const uint8_t* p) {
+  uint64_t w = 0;
+  std::memcpy(&w, p, kGroupLoadBytes<B>);
+  return codes_from_word<B>(w);
+}
+
+// For a group whose wide load would pass the end: when the 4 bytes ending at the group's end
+// lie in the row (offset >= 4 - B) one load and a shift, else a byte-exact copy.
+template <int B>
+inline __m256i load_codes8_exact(const uint8_t* p, int offset) {
+  if constexpr (B <= 4) {
+    if (offset >= 4 - B) {
+      uint32_t w;
+      std::memcpy(&w, p + B - 4, 4);
+      return codes_from_word<B>(w >> (8 * (4 - B)));
+    }
+  }
+  uint64_t w = 0;
+  std::memcpy(&w, p, B);
+  return codes_from_word<B>(w);
 }
 
 // Calls fn.template operator()<B>() for the runtime bits 1..8 (one instantiation each).
 template <typename Fn>
 inline void dispatch_bits(int bits, Fn&& fn) {
   switch (bits) {
-    case 1: fn.template operator()<1>(); break;
-    case 2: fn.template operator()<2>(); break;
-    case 3: fn.template operator()<3>(); break;
-    case 4: fn.template operator()<4>(); break;
-    case 5: fn.template operator()<5>(); break;
-    case 6: fn.template operator()<6>(); break;
-    case 7: fn.template operator()<7>(); break;
-    default: fn.template operator()<8>(); break;
+    case 1:
+      fn.template operator()<1>();
+      break;
+    case 2:
+      fn.template operator()<2>();
+      break;
+    case 3:
+      fn.template operator()<3>();
+      break;
+    case 4:
+      fn.template operator()<4>();
+      break;
+    case 5:
+      fn.template operator()<5>();
+      break;
+    case 6:
+      fn.template operator()<6>();
+      break;
+    case 7:
+      fn.template operator()<7>();
+      break;
+    default:
+      fn.template operator()<8>();
+      break;
   }
 }
 

@@ -167,8 +167,7 @@ std::unique_ptr<Codebook> compute_codebook(int dim, int bits) {
   }
   book->boundaries.resize(levels - 1);
   for (int j = 0; j + 1 < levels; ++j) {
-    book->boundaries[j] =
-        float((double(book->centroids[j]) + double(book->centroids[j + 1])) / 2);
+    book->boundaries[j] = float((double(book->centroids[j]) + double(book->centroids[j + 1])) / 2);
   }
   // E(t - c)² summed over intervals = E t² - Σ c_j² P_j at the centroid condition; E t² = 1/d.
   double captured = 0;

@@ -42,12 +42,12 @@ std::unique_ptr<TurboQuantCodec> make_turboquant_codec(const TurboQuantConfig& c
   const bool key = config.role == TensorRole::kKey;
   if (std::floor(config.bits) == config.bits) {
     if (!config.channel_order.empty()) {
-      throw InvalidArgument(str_cat("a channel order is only used by fractional bits, got bits ",
-                                    config.bits));
+      throw InvalidArgument(
+          str_cat("a channel order is only used by fractional bits, got bits ", config.bits));
     }
-    return std::make_unique<MseCodec>(MseCodecConfig{
-        config.dim, int(config.bits), config.seed,
-        key ? RotationRole::kKey : RotationRole::kValue, config.norm_correction});
+    return std::make_unique<MseCodec>(
+        MseCodecConfig{config.dim, int(config.bits), config.seed,
+                       key ? RotationRole::kKey : RotationRole::kValue, config.norm_correction});
   }
   SplitCodecConfig split;
   split.dim = config.dim;

@@ -46,11 +46,24 @@ class TurboQuantCodec {
   // rq [rotated_dim] = the query in the rotated frame.
   virtual void rotate_query(const float* q, float* rq, Isa isa = best_isa()) const = 0;
   // scores [n]: scores[t] = <q, dequantize(vector t)>, computed from rq and the codes.
-  virtual void score(const float* rq, const uint8_t* codes, const uint16_t* norms, int64_t n,
-                     float* scores, Isa isa = best_isa()) const = 0;
+  void score(const float* rq, const uint8_t* codes, const uint16_t* norms, int64_t n, float* scores,
+             Isa isa = best_isa()) const {
+    score_multi(rq, 1, codes, norms, n, scores, isa);
+  }
   // acc [rotated_dim] += Σ_t weights[t] · (vector t in the rotated frame).
-  virtual void accumulate(const float* weights, const uint8_t* codes, const uint16_t* norms,
-                          int64_t n, float* acc, Isa isa = best_isa()) const = 0;
+  void accumulate(const float* weights, const uint8_t* codes, const uint16_t* norms, int64_t n,
+                  float* acc, Isa isa = best_isa()) const {
+    accumulate_multi(weights, 1, codes, norms, n, acc, isa);
+  }
+  // The same for the n_queries query heads that share one KV head (GQA), in one pass over the
+  // codes: rq [n_queries, rotated_dim] -> scores [n_queries, n];
+  // weights [n_queries, n] -> acc [n_queries, rotated_dim] (+=).
+  virtual void score_multi(const float* rq, int n_queries, const uint8_t* codes,
+                           const uint16_t* norms, int64_t n, float* scores,
+                           Isa isa = best_isa()) const = 0;
+  virtual void accumulate_multi(const float* weights, int n_queries, const uint8_t* codes,
+                                const uint16_t* norms, int64_t n, float* acc,
+                                Isa isa = best_isa()) const = 0;
   // out [dim] = acc taken back from the rotated frame (so out = Σ_t w_t dequantize(t)).
   virtual void unrotate(const float* acc, float* out, Isa isa = best_isa()) const = 0;
 };

@@ -1,6 +1,7 @@
-// AVX2 kernels of the TurboQuant codecs: FWHT, dense rotation, MSE quantize/score/accumulate. Only entered after cpu_has_avx2(). Quantize paths follow the
-// operation order documented in codec_mse.h / rotation.h exactly (no FMA),
-// so their codes equal the scalar reference bit for bit; score/accumulate use FMA.
+// AVX2 kernels of the TurboQuant codecs: FWHT, dense rotation, MSE quantize/score/accumulate. Only
+// entered after cpu_has_avx2(). Quantize paths follow the operation order documented in codec_mse.h
+// / rotation.h exactly (no FMA), so their codes equal the scalar reference bit for bit;
+// score/accumulate use FMA.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -9,8 +10,8 @@
 #include <vector>
 
 #include "core/half.h"
-#include "quant/codec_mse.h"
 #include "quant/avx2_util.h"
+#include "quant/codec_mse.h"
 #include "quant/rotation.h"
 
 namespace turbokv::quant::avx2 {
@@ -74,9 +75,9 @@ inline uint32_t pack8(__m256i idx) {
 }
 
 struct Scratch {
-  std::vector<float> values;  // [dim rounded up to 8]
+  std::vector<float> values;   // [dim rounded up to 8]
   std::vector<float> rotated;  // [dim rounded up to 8]
-  std::vector<int32_t> idx;   // [dim rounded up to 8]
+  std::vector<int32_t> idx;    // [dim rounded up to 8]
   std::vector<uint8_t> codes;  // [dim rounded up to 8]
 };
 
@@ -91,28 +92,12 @@ Scratch& scratch(int padded_dim) {
   return s;
 }
 
+// Steps 4-6 of quantize on y [padded] (rotated unit vector, zero padding): nearest centroid,
+// centroid energy for the norm correction, packing. Returns Σ C[idx]² (documented tree).
 template <int B>
-void mse_quantize_bits(const MseCodec& codec, const float* x, uint8_t* codes, uint16_t* norm) {
+float code_rotated(const MseCodec& codec, const float* y, uint8_t* codes, Scratch& s) {
   const int d = codec.dim();
   const int padded = (d + 7) / 8 * 8;
-  Scratch& s = scratch(padded);
-  float* u = s.values.data();   // [padded]
-  float* y = s.rotated.data();  // [padded]
-  std::memcpy(u, x, sizeof(float) * d);
-  std::fill(u + d, u + padded, 0.0f);
-
-  __m256 partial = _mm256_setzero_ps();
-  for (int i = 0; i < padded; i += 8) {
-    const __m256 v = _mm256_loadu_ps(u + i);
-    partial = _mm256_add_ps(partial, _mm256_mul_ps(v, v));
-  }
-  const float n = std::sqrt(reduce_tree(partial));
-  const __m256 inv = _mm256_set1_ps(1.0f / std::fmax(n, 1e-6f));
-  for (int i = 0; i < padded; i += 8) _mm256_storeu_ps(u + i, _mm256_mul_ps(_mm256_loadu_ps(u + i), inv));
-
-  codec.rotation().apply(u, y, Isa::kAvx2);
-  std::fill(y + d, y + padded, 0.0f);
-
   const Codebook& book = codec.codebook();
   const CentroidTable<B> table(book.centroids.data());
   __m256 c_partial = _mm256_setzero_ps();
@@ -121,7 +106,7 @@ void mse_quantize_bits(const MseCodec& codec, const float* x, uint8_t* codes, ui
     if (i + 8 > d) {  // zero the padding lanes: no centroid energy, no stray code bits
       const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
       const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(d - i), lane);
-      __m256 c = _mm256_and_ps(table.lookup(idx), _mm256_castsi256_ps(live));
+      const __m256 c = _mm256_and_ps(table.lookup(idx), _mm256_castsi256_ps(live));
       c_partial = _mm256_add_ps(c_partial, _mm256_mul_ps(c, c));
       idx = _mm256_and_si256(idx, live);
     } else {
@@ -141,70 +126,208 @@ void mse_quantize_bits(const MseCodec& codec, const float* x, uint8_t* codes, ui
     for (int i = 0; i < d; ++i) s.codes[i] = uint8_t(s.idx[i]);
     pack_codes(s.codes.data(), d, B, codes);
   }
+  return reduce_tree(c_partial);
+}
+
+template <int B>
+void mse_quantize_bits(const MseCodec& codec, const float* x, uint8_t* codes, uint16_t* norm) {
+  const int d = codec.dim();
+  const int padded = (d + 7) / 8 * 8;
+  Scratch& s = scratch(padded);
+  float* y = s.rotated.data();  // [padded]
+  const Rotation& rotation = codec.rotation();
+  float n;
+  if (rotation.is_hadamard() && d % 8 == 0) {
+    // Fused: u = x * inv with the sign flip as an XOR, butterflies, scale (rotation.h order).
+    __m256 partial = _mm256_setzero_ps();
+    for (int i = 0; i < d; i += 8) {
+      const __m256 v = _mm256_loadu_ps(x + i);
+      partial = _mm256_add_ps(partial, _mm256_mul_ps(v, v));
+    }
+    n = std::sqrt(reduce_tree(partial));
+    const __m256 inv = _mm256_set1_ps(1.0f / std::fmax(n, 1e-6f));
+    const uint32_t* masks = rotation.sign_masks().data();
+    for (int i = 0; i < d; i += 8) {
+      const __m256 flip =
+          _mm256_castsi256_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(masks + i)));
+      _mm256_storeu_ps(y + i, _mm256_xor_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv), flip));
+    }
+    fwht(y, d);
+    const __m256 scale = _mm256_set1_ps(rotation.hadamard_scale());
+    for (int i = 0; i < d; i += 8)
+      _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(y + i), scale));
+  } else {
+    float* u = s.values.data();  // [padded]
+    std::memcpy(u, x, sizeof(float) * d);
+    std::fill(u + d, u + padded, 0.0f);
+    __m256 partial = _mm256_setzero_ps();
+    for (int i = 0; i < padded; i += 8) {
+      const __m256 v = _mm256_loadu_ps(u + i);
+      partial = _mm256_add_ps(partial, _mm256_mul_ps(v, v));
+    }
+    n = std::sqrt(reduce_tree(partial));
+    const __m256 inv = _mm256_set1_ps(1.0f / std::fmax(n, 1e-6f));
+    for (int i = 0; i < padded; i += 8) {
+      _mm256_storeu_ps(u + i, _mm256_mul_ps(_mm256_loadu_ps(u + i), inv));
+    }
+    rotation.apply(u, y, Isa::kAvx2);
+    std::fill(y + d, y + padded, 0.0f);
+  }
+  const float centroid_energy = code_rotated<B>(codec, y, codes, s);
   float stored = n;
   if (codec.norm_correction()) {
-    const float cn = std::sqrt(reduce_tree(c_partial));
+    const float cn = std::sqrt(centroid_energy);
     if (cn > 0) stored = n / cn;
   }
   norm[0] = f32_to_f16(stored);
 }
 
-// Dot product of rq with the centroids of one row of codes (full groups, then the tail).
+// 8 codes of group k of a row as centroid values.
 template <int B>
-inline float row_dot(const float* rq, const uint8_t* row, int d, int code_bytes,
-                     const CentroidTable<B>& table, const float* centroids) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  const int groups = d / 8;
-  int k = 0;
-  for (; k + 1 < groups; k += 2) {
-    const __m256i i0 = unpack8<B>(load_group<B>(row + k * B, k * B + 4 <= code_bytes));
-    const __m256i i1 = unpack8<B>(load_group<B>(row + (k + 1) * B, (k + 1) * B + 4 <= code_bytes));
-    acc0 = _mm256_fmadd_ps(table.lookup(i0), _mm256_loadu_ps(rq + 8 * k), acc0);
-    acc1 = _mm256_fmadd_ps(table.lookup(i1), _mm256_loadu_ps(rq + 8 * k + 8), acc1);
-  }
-  for (; k < groups; ++k) {
-    const __m256i i0 = unpack8<B>(load_group<B>(row + k * B, k * B + 4 <= code_bytes));
-    acc0 = _mm256_fmadd_ps(table.lookup(i0), _mm256_loadu_ps(rq + 8 * k), acc0);
-  }
-  float dot = reduce_tree(_mm256_add_ps(acc0, acc1));
-  for (int i = groups * 8; i < d; ++i) dot += rq[i] * centroids[packed_code_at(row, B, i)];
-  return dot;
+inline __m256 group_centroids(const uint8_t* row, int k, int fast, const CentroidTable<B>& table) {
+  const __m256i idx =
+      k < fast ? load_codes8<B>(row + k * B) : load_codes8_exact<B>(row + k * B, k * B);
+  return table.lookup(idx);
 }
 
-template <int B>
-void mse_score_bits(const MseCodec& codec, const float* rq, const CodeRows& rows, int64_t n,
-                    float* scores, bool add) {
+// Scores of M queries against every row: codes unpacked and looked up once per group, two
+// accumulators per query (even / odd groups) to hide FMA latency.
+template <int B, int M>
+void score_block(const MseCodec& codec, const float* const* rq, const CodeRows& rows, int64_t n,
+                 float* const* scores, bool add) {
   const int d = codec.dim();
-  const int code_bytes = int(codec.code_bytes());
-  const float* centroids = codec.codebook().centroids.data();
-  const CentroidTable<B> table(centroids);
-  for (int64_t t = 0; t < n; ++t) {
-    const uint8_t* row = rows.codes + t * rows.code_stride;
-    const float s = row_dot<B>(rq, row, d, code_bytes, table, centroids) *
-                    f16_to_f32(rows.norms[t * rows.norm_stride]);
-    scores[t] = add ? scores[t] + s : s;
-  }
-}
-
-template <int B>
-void mse_accumulate_bits(const MseCodec& codec, const float* weights, const CodeRows& rows,
-                         int64_t n, float* acc) {
-  const int d = codec.dim();
-  const int code_bytes = int(codec.code_bytes());
   const float* centroids = codec.codebook().centroids.data();
   const CentroidTable<B> table(centroids);
   const int groups = d / 8;
+  const int fast = fast_groups<B>(groups, int(codec.code_bytes()));
   for (int64_t t = 0; t < n; ++t) {
     const uint8_t* row = rows.codes + t * rows.code_stride;
-    const float coef = weights[t] * f16_to_f32(rows.norms[t * rows.norm_stride]);
-    const __m256 coef8 = _mm256_set1_ps(coef);
-    for (int k = 0; k < groups; ++k) {
-      const __m256i idx = unpack8<B>(load_group<B>(row + k * B, k * B + 4 <= code_bytes));
-      _mm256_storeu_ps(acc + 8 * k,
-                       _mm256_fmadd_ps(coef8, table.lookup(idx), _mm256_loadu_ps(acc + 8 * k)));
+    __m256 even[M], odd[M];
+    for (int j = 0; j < M; ++j) even[j] = odd[j] = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 1 < groups; k += 2) {
+      const __m256 c0 = group_centroids<B>(row, k, fast, table);
+      const __m256 c1 = group_centroids<B>(row, k + 1, fast, table);
+      for (int j = 0; j < M; ++j) {
+        even[j] = _mm256_fmadd_ps(c0, _mm256_loadu_ps(rq[j] + 8 * k), even[j]);
+        odd[j] = _mm256_fmadd_ps(c1, _mm256_loadu_ps(rq[j] + 8 * k + 8), odd[j]);
+      }
     }
-    for (int i = groups * 8; i < d; ++i) acc[i] += coef * centroids[packed_code_at(row, B, i)];
+    if (k < groups) {
+      const __m256 c0 = group_centroids<B>(row, k, fast, table);
+      for (int j = 0; j < M; ++j) {
+        even[j] = _mm256_fmadd_ps(c0, _mm256_loadu_ps(rq[j] + 8 * k), even[j]);
+      }
+    }
+    const float norm = f16_to_f32(rows.norms[t * rows.norm_stride]);
+    for (int j = 0; j < M; ++j) {
+      float dot = reduce_tree(_mm256_add_ps(even[j], odd[j]));
+      for (int i = groups * 8; i < d; ++i) dot += rq[j][i] * centroids[packed_code_at(row, B, i)];
+      const float s = dot * norm;
+      scores[j][t] = add ? scores[j][t] + s : s;
+    }
   }
+}
+
+// acc_j += Σ_t coef_j[t] · C[codes of row t] for M weight rows, rows in tiles so that each
+// group's accumulators stay in registers across a tile (two per weight row: even / odd rows).
+template <int B, int M>
+void accumulate_block(const MseCodec& codec, const float* const* weights, const CodeRows& rows,
+                      int64_t n, float* const* acc) {
+  const int d = codec.dim();
+  const float* centroids = codec.codebook().centroids.data();
+  const CentroidTable<B> table(centroids);
+  const int groups = d / 8;
+  const int fast = fast_groups<B>(groups, int(codec.code_bytes()));
+  constexpr int kTile = 64;
+  float coef[M][kTile];
+  for (int64_t start = 0; start < n; start += kTile) {
+    const int rows_in_tile = int(std::min<int64_t>(kTile, n - start));
+    for (int r = 0; r < rows_in_tile; ++r) {
+      const float norm = f16_to_f32(rows.norms[(start + r) * rows.norm_stride]);
+      for (int j = 0; j < M; ++j) coef[j][r] = weights[j][start + r] * norm;
+    }
+    const uint8_t* tile = rows.codes + start * rows.code_stride;
+    for (int k = 0; k < groups; ++k) {
+      __m256 even[M], odd[M];
+      for (int j = 0; j < M; ++j) even[j] = odd[j] = _mm256_setzero_ps();
+      int r = 0;
+      for (; r + 1 < rows_in_tile; r += 2) {
+        const __m256 c0 = group_centroids<B>(tile + r * rows.code_stride, k, fast, table);
+        const __m256 c1 = group_centroids<B>(tile + (r + 1) * rows.code_stride, k, fast, table);
+        for (int j = 0; j < M; ++j) {
+          even[j] = _mm256_fmadd_ps(_mm256_set1_ps(coef[j][r]), c0, even[j]);
+          odd[j] = _mm256_fmadd_ps(_mm256_set1_ps(coef[j][r + 1]), c1, odd[j]);
+        }
+      }
+      if (r < rows_in_tile) {
+        const __m256 c0 = group_centroids<B>(tile + r * rows.code_stride, k, fast, table);
+        for (int j = 0; j < M; ++j) {
+          even[j] = _mm256_fmadd_ps(_mm256_set1_ps(coef[j][r]), c0, even[j]);
+        }
+      }
+      for (int j = 0; j < M; ++j) {
+        float* out = acc[j] + 8 * k;
+        _mm256_storeu_ps(out, _mm256_add_ps(_mm256_loadu_ps(out), _mm256_add_ps(even[j], odd[j])));
+      }
+    }
+    for (int r = 0; r < rows_in_tile; ++r) {
+      const uint8_t* row = tile + r * rows.code_stride;
+      for (int i = groups * 8; i < d; ++i) {
+        const float c = centroids[packed_code_at(row, B, i)];
+        for (int j = 0; j < M; ++j) acc[j][i] += coef[j][r] * c;
+      }
+    }
+  }
+}
+
+// Runs block<M>(first) for query blocks of up to 4 (M = 1..4).
+template <typename Block>
+void for_query_blocks(int count, Block&& block) {
+  for (int first = 0; first < count; first += 4) {
+    switch (std::min(4, count - first)) {
+      case 1:
+        block.template operator()<1>(first);
+        break;
+      case 2:
+        block.template operator()<2>(first);
+        break;
+      case 3:
+        block.template operator()<3>(first);
+        break;
+      default:
+        block.template operator()<4>(first);
+        break;
+    }
+  }
+}
+
+template <int B>
+void mse_score_bits(const MseCodec& codec, const QueryRows& queries, const CodeRows& rows,
+                    int64_t n, float* scores, bool add) {
+  for_query_blocks(queries.count, [&]<int M>(int first) {
+    const float* rq[M];
+    float* out[M];
+    for (int j = 0; j < M; ++j) {
+      rq[j] = queries.data + (first + j) * queries.stride;
+      out[j] = scores + (first + j) * n;
+    }
+    score_block<B, M>(codec, rq, rows, n, out, add);
+  });
+}
+
+template <int B>
+void mse_accumulate_bits(const MseCodec& codec, const QueryRows& weights, const CodeRows& rows,
+                         int64_t n, float* acc, size_t acc_stride) {
+  for_query_blocks(weights.count, [&]<int M>(int first) {
+    const float* w[M];
+    float* out[M];
+    for (int j = 0; j < M; ++j) {
+      w[j] = weights.data + (first + j) * weights.stride;
+      out[j] = acc + (first + j) * acc_stride;
+    }
+    accumulate_block<B, M>(codec, w, rows, n, out);
+  });
 }
 
 }  // namespace
@@ -255,20 +378,19 @@ void dense_matvec(const float* matrix_t, const float* in, float* out, int dim) {
 }
 
 void mse_quantize(const MseCodec& codec, const float* x, uint8_t* codes, uint16_t* norm) {
-  dispatch_bits(codec.int_bits(),
-                [&]<int B>() { mse_quantize_bits<B>(codec, x, codes, norm); });
+  dispatch_bits(codec.int_bits(), [&]<int B>() { mse_quantize_bits<B>(codec, x, codes, norm); });
 }
 
-void mse_score(const MseCodec& codec, const float* rq, const CodeRows& rows, int64_t n,
+void mse_score(const MseCodec& codec, const QueryRows& queries, const CodeRows& rows, int64_t n,
                float* scores, bool add) {
   dispatch_bits(codec.int_bits(),
-                [&]<int B>() { mse_score_bits<B>(codec, rq, rows, n, scores, add); });
+                [&]<int B>() { mse_score_bits<B>(codec, queries, rows, n, scores, add); });
 }
 
-void mse_accumulate(const MseCodec& codec, const float* weights, const CodeRows& rows, int64_t n,
-                    float* acc) {
+void mse_accumulate(const MseCodec& codec, const QueryRows& weights, const CodeRows& rows,
+                    int64_t n, float* acc, size_t acc_stride) {
   dispatch_bits(codec.int_bits(),
-                [&]<int B>() { mse_accumulate_bits<B>(codec, weights, rows, n, acc); });
+                [&]<int B>() { mse_accumulate_bits<B>(codec, weights, rows, n, acc, acc_stride); });
 }
 
 }  // namespace turbokv::quant::avx2

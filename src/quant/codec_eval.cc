@@ -40,19 +40,25 @@ double sq_distance(const float* a, const float* b, int d) {
 
 }  // namespace
 
-CodecStats measure_codec(int dim, double bits, const std::string& mode, int64_t samples,
-                         int queries_per_vector, uint64_t seed) {
+void check_codec_mode_bits(const std::string& mode, double bits) {
   if (mode != "mse" && mode != "prod") {
     throw InvalidArgument(str_cat("codec mode '", mode, "' is unknown: allowed mse, prod"));
   }
+  if (mode == "mse") {
+    check_turboquant_bits(bits);
+  } else if (!(bits >= 1 && bits <= 8) || std::floor(bits) != bits) {
+    throw InvalidArgument(str_cat("prod codec bits ", bits, " is invalid: allowed 1..8"));
+  }
+}
+
+CodecStats measure_codec(int dim, double bits, const std::string& mode, int64_t samples,
+                         int queries_per_vector, uint64_t seed) {
+  check_codec_mode_bits(mode, bits);
   if (samples < 1) throw InvalidArgument(str_cat("samples ", samples, " is invalid: need >= 1"));
   const bool prod = mode == "prod";
   std::unique_ptr<TurboQuantCodec> plain, corrected;
   std::unique_ptr<ProdCodec> prod_codec;
   if (prod) {
-    if (std::floor(bits) != bits) {
-      throw InvalidArgument(str_cat("prod codec bits ", bits, " is invalid: allowed 1..8"));
-    }
     prod_codec = std::make_unique<ProdCodec>(ProdCodecConfig{dim, int(bits), seed});
   } else {
     plain = make_turboquant_codec({dim, bits, seed, TensorRole::kKey, false, {}});
@@ -183,8 +189,8 @@ CodedHead code_head(const float* x, int tokens, int dim, const ResolvedKV& kv, b
   CodedHead head;
   const double bits = key ? kv.key_bits : kv.value_bits;
   if (kv.scheme == KVScheme::kTurboQuant) {
-    TurboQuantConfig config{dim, bits, kv.seed, key ? TensorRole::kKey : TensorRole::kValue,
-                            kv.norm_correction, {}};
+    TurboQuantConfig config{
+        dim, bits, kv.seed, key ? TensorRole::kKey : TensorRole::kValue, kv.norm_correction, {}};
     if (std::floor(bits) != bits) {
       config.channel_order = choose_split_channels(x, std::min(tokens, calibration_tokens), dim);
     }
@@ -193,7 +199,8 @@ CodedHead code_head(const float* x, int tokens, int dim, const ResolvedKV& kv, b
     head.extras.resize(size_t(tokens) * head.turbo->norms_per_vector());
     head.turbo->quantize_batch(x, tokens, head.codes.data(), head.extras.data());
   } else {
-    head.uniform = std::make_unique<UniformCodec>(UniformCodecConfig{dim, int(bits), kv.group_size});
+    head.uniform =
+        std::make_unique<UniformCodec>(UniformCodecConfig{dim, int(bits), kv.group_size});
     head.codes.resize(size_t(tokens) * head.uniform->code_bytes());
     head.extras.resize(size_t(tokens) * head.uniform->params_per_vector());
     head.uniform->quantize_batch(x, tokens, head.codes.data(), head.extras.data());
@@ -210,8 +217,8 @@ LayerFidelity attention_fidelity(const float* q, const float* k, const float* v,
     throw InvalidArgument("attention fidelity needs a quantized KV scheme: give --kv-bits");
   }
   if (kv_heads < 1 || n_heads % kv_heads != 0) {
-    throw InvalidArgument(str_cat("query heads ", n_heads, " is not a multiple of KV heads ",
-                                  kv_heads));
+    throw InvalidArgument(
+        str_cat("query heads ", n_heads, " is not a multiple of KV heads ", kv_heads));
   }
   const float scale = float(1.0 / std::sqrt(double(dim)));
   std::vector<CodedHead> keys, values;

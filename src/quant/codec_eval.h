@@ -22,6 +22,10 @@ struct CodecStats {
   double ip_var_times_d = 0;  // d · mean(err² / ‖q‖²)
 };
 
+// Throws InvalidArgument unless mode is "mse" with TurboQuant bits (multiple of 0.5 in [1, 8])
+// or "prod" with integer bits 1..8.
+void check_codec_mode_bits(const std::string& mode, double bits);
+
 // mode "mse" (bits: multiple of 0.5 in [1, 8]; .5 = split codec, natural channel order) or
 // "prod" (bits integer 1..8). samples unit vectors, queries_per_vector queries each.
 // Throws InvalidArgument for a bad mode, bits, dim or samples.

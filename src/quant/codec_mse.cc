@@ -77,45 +77,55 @@ void MseCodec::unrotate(const float* acc, float* out, Isa isa) const {
   rotation_->apply_transpose(acc, out, isa);
 }
 
-void MseCodec::score(const float* rq, const uint8_t* codes, const uint16_t* norms, int64_t n,
-                     float* scores, Isa isa) const {
-  score_rows(rq, CodeRows{codes, code_bytes(), norms, 1}, n, scores, false, isa);
+void MseCodec::score_multi(const float* rq, int n_queries, const uint8_t* codes,
+                           const uint16_t* norms, int64_t n, float* scores, Isa isa) const {
+  score_rows(QueryRows{rq, n_queries, size_t(dim())}, CodeRows{codes, code_bytes(), norms, 1}, n,
+             scores, false, isa);
 }
 
-void MseCodec::accumulate(const float* weights, const uint8_t* codes, const uint16_t* norms,
-                          int64_t n, float* acc, Isa isa) const {
-  accumulate_rows(weights, CodeRows{codes, code_bytes(), norms, 1}, n, acc, isa);
+void MseCodec::accumulate_multi(const float* weights, int n_queries, const uint8_t* codes,
+                                const uint16_t* norms, int64_t n, float* acc, Isa isa) const {
+  accumulate_rows(QueryRows{weights, n_queries, size_t(n)}, CodeRows{codes, code_bytes(), norms, 1},
+                  n, acc, size_t(dim()), isa);
 }
 
-void MseCodec::score_rows(const float* rq, const CodeRows& rows, int64_t n, float* scores,
+void MseCodec::score_rows(const QueryRows& queries, const CodeRows& rows, int64_t n, float* scores,
                           bool add, Isa isa) const {
   if (usable_isa(isa) == Isa::kAvx2) {
-    avx2::mse_score(*this, rq, rows, n, scores, add);
+    avx2::mse_score(*this, queries, rows, n, scores, add);
     return;
   }
   const int d = dim();
   const float* c = codebook_->centroids.data();
-  for (int64_t t = 0; t < n; ++t) {
-    const uint8_t* row = rows.codes + t * rows.code_stride;
-    float dot = 0;
-    for (int i = 0; i < d; ++i) dot += rq[i] * c[packed_code_at(row, layout_.bits, i)];
-    const float s = dot * f16_to_f32(rows.norms[t * rows.norm_stride]);
-    scores[t] = add ? scores[t] + s : s;
+  for (int j = 0; j < queries.count; ++j) {
+    const float* rq = queries.data + j * queries.stride;
+    float* out = scores + j * n;
+    for (int64_t t = 0; t < n; ++t) {
+      const uint8_t* row = rows.codes + t * rows.code_stride;
+      float dot = 0;
+      for (int i = 0; i < d; ++i) dot += rq[i] * c[packed_code_at(row, layout_.bits, i)];
+      const float s = dot * f16_to_f32(rows.norms[t * rows.norm_stride]);
+      out[t] = add ? out[t] + s : s;
+    }
   }
 }
 
-void MseCodec::accumulate_rows(const float* weights, const CodeRows& rows, int64_t n, float* acc,
-                               Isa isa) const {
+void MseCodec::accumulate_rows(const QueryRows& weights, const CodeRows& rows, int64_t n,
+                               float* acc, size_t acc_stride, Isa isa) const {
   if (usable_isa(isa) == Isa::kAvx2) {
-    avx2::mse_accumulate(*this, weights, rows, n, acc);
+    avx2::mse_accumulate(*this, weights, rows, n, acc, acc_stride);
     return;
   }
   const int d = dim();
   const float* c = codebook_->centroids.data();
-  for (int64_t t = 0; t < n; ++t) {
-    const uint8_t* row = rows.codes + t * rows.code_stride;
-    const float coef = weights[t] * f16_to_f32(rows.norms[t * rows.norm_stride]);
-    for (int i = 0; i < d; ++i) acc[i] += coef * c[packed_code_at(row, layout_.bits, i)];
+  for (int j = 0; j < weights.count; ++j) {
+    const float* w = weights.data + j * weights.stride;
+    float* out = acc + j * acc_stride;
+    for (int64_t t = 0; t < n; ++t) {
+      const uint8_t* row = rows.codes + t * rows.code_stride;
+      const float coef = w[t] * f16_to_f32(rows.norms[t * rows.norm_stride]);
+      for (int i = 0; i < d; ++i) out[i] += coef * c[packed_code_at(row, layout_.bits, i)];
+    }
   }
 }
 

@@ -16,8 +16,8 @@
 //     norm = f32_to_f16(stored) (round to nearest even, core/half.h).
 //  6. Codes packed LSB-first (bitpack.h): code i at bits [i*b, (i+1)*b) of the code bytes.
 // dequantize(): y_i = C[idx_i] * f16_to_f32(norm); x = R^T y (rotation.h order).
-// score() / accumulate() are not bit-exact across paths (they may use FMA); they agree with
-// the scalar reference within float rounding.
+// score() / accumulate() (and the _multi forms) are not bit-exact across paths (they may use FMA);
+// they agree with the scalar reference within float rounding.
 #pragma once
 
 #include <memory>
@@ -35,6 +35,13 @@ struct CodeRows {
   size_t code_stride = 0;
   const uint16_t* norms = nullptr;
   size_t norm_stride = 1;
+};
+
+// count rows of floats, row j at data + j * stride (rotated queries, or weight rows).
+struct QueryRows {
+  const float* data = nullptr;
+  int count = 1;
+  size_t stride = 0;
 };
 
 struct MseCodecConfig {
@@ -64,21 +71,24 @@ class MseCodec final : public TurboQuantCodec {
                 Isa isa = best_isa()) const override;
   void dequantize(const uint8_t* codes, const uint16_t* norms, float* x) const override;
   void rotate_query(const float* q, float* rq, Isa isa = best_isa()) const override;
-  void score(const float* rq, const uint8_t* codes, const uint16_t* norms, int64_t n,
-             float* scores, Isa isa = best_isa()) const override;
-  void accumulate(const float* weights, const uint8_t* codes, const uint16_t* norms, int64_t n,
-                  float* acc, Isa isa = best_isa()) const override;
+  void score_multi(const float* rq, int n_queries, const uint8_t* codes, const uint16_t* norms,
+                   int64_t n, float* scores, Isa isa = best_isa()) const override;
+  void accumulate_multi(const float* weights, int n_queries, const uint8_t* codes,
+                        const uint16_t* norms, int64_t n, float* acc,
+                        Isa isa = best_isa()) const override;
   void unrotate(const float* acc, float* out, Isa isa = best_isa()) const override;
 
   // y [dim] = norm · C[idx]: the vector in the rotated frame (what dequantize rotates back).
   void decode_rotated(const uint8_t* codes, uint16_t norm, float* y) const;
 
-  // score / accumulate over rows with strides (the split codec keeps two codecs' codes and
-  // norms interleaved in one record). add = true adds to scores instead of overwriting.
-  void score_rows(const float* rq, const CodeRows& rows, int64_t n, float* scores, bool add,
-                  Isa isa = best_isa()) const;
-  void accumulate_rows(const float* weights, const CodeRows& rows, int64_t n, float* acc,
-                       Isa isa = best_isa()) const;
+  // score / accumulate with strides (the split codec keeps two codecs' codes and norms
+  // interleaved in one record, and its rotated frame holds both halves).
+  // scores [queries.count, n] (row stride n); add = true adds to scores.
+  void score_rows(const QueryRows& queries, const CodeRows& rows, int64_t n, float* scores,
+                  bool add, Isa isa = best_isa()) const;
+  // weights: queries.count rows of n weights; acc row j at acc + j * acc_stride.
+  void accumulate_rows(const QueryRows& weights, const CodeRows& rows, int64_t n, float* acc,
+                       size_t acc_stride, Isa isa = best_isa()) const;
 
  private:
   PackedLayout layout_;
@@ -92,10 +102,10 @@ float sum_squares_ref(const float* x, int n);
 
 namespace avx2 {
 void mse_quantize(const MseCodec& codec, const float* x, uint8_t* codes, uint16_t* norm);
-void mse_score(const MseCodec& codec, const float* rq, const CodeRows& rows, int64_t n,
+void mse_score(const MseCodec& codec, const QueryRows& queries, const CodeRows& rows, int64_t n,
                float* scores, bool add);
-void mse_accumulate(const MseCodec& codec, const float* weights, const CodeRows& rows, int64_t n,
-                    float* acc);
+void mse_accumulate(const MseCodec& codec, const QueryRows& weights, const CodeRows& rows,
+                    int64_t n, float* acc, size_t acc_stride);
 }  // namespace avx2
 
 }  // namespace turbokv::quant

@@ -21,7 +21,8 @@ ProdCodec::ProdCodec(const ProdCodecConfig& config) : dim_(config.dim), bits_(co
   if (bits_ < 1 || bits_ > 8) {
     throw InvalidArgument(str_cat("prod codec bits ", bits_, " is invalid: allowed 1..8"));
   }
-  if (dim_ < 2) throw InvalidArgument(str_cat("prod codec dimension ", dim_, " is invalid: need d >= 2"));
+  if (dim_ < 2)
+    throw InvalidArgument(str_cat("prod codec dimension ", dim_, " is invalid: need d >= 2"));
   codebook_ = bits_ > 1 ? &lloyd_max_codebook(dim_, bits_ - 1) : nullptr;
   rotation_ = Rotation::get(config.seed, dim_, config.role);
   Xoshiro256 rng(derive_seed(config.seed, uint64_t(dim_), uint64_t(RotationRole::kQjl)));
@@ -94,8 +95,8 @@ void ProdCodec::prepare_query(const float* q, float* prepared) const {
   }
 }
 
-void ProdCodec::score(const float* prepared, const uint8_t* codes, const uint16_t* norms,
-                      int64_t n, float* scores) const {
+void ProdCodec::score(const float* prepared, const uint8_t* codes, const uint16_t* norms, int64_t n,
+                      float* scores) const {
   const int d = dim_;
   for (int64_t t = 0; t < n; ++t) {
     const uint8_t* row = codes + t * code_bytes();
@@ -109,8 +110,8 @@ void ProdCodec::score(const float* prepared, const uint8_t* codes, const uint16_
       qjl_part += positive ? prepared[d + i] : -prepared[d + i];
     }
     const double residual_norm = f16_to_f32(row_norms[1]);
-    scores[t] = float(f16_to_f32(row_norms[0]) *
-                      (mse_part + kSqrtHalfPi / d * residual_norm * qjl_part));
+    scores[t] =
+        float(f16_to_f32(row_norms[0]) * (mse_part + kSqrtHalfPi / d * residual_norm * qjl_part));
   }
 }
 

@@ -35,7 +35,9 @@ class ProdCodec {
 
   int dim() const { return dim_; }
   int bits() const { return bits_; }
-  size_t mse_code_bytes() const { return bits_ > 1 ? PackedLayout{dim_, bits_ - 1}.code_bytes() : 0; }
+  size_t mse_code_bytes() const {
+    return bits_ > 1 ? PackedLayout{dim_, bits_ - 1}.code_bytes() : 0;
+  }
   size_t code_bytes() const { return mse_code_bytes() + PackedLayout{dim_, 1}.code_bytes(); }
   static constexpr int kNormsPerVector = 2;
   const Rotation& rotation() const { return *rotation_; }

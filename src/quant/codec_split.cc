@@ -81,20 +81,22 @@ void SplitCodec::rotate_query(const float* q, float* rq, Isa isa) const {
   low_.rotate_query(permuted.data() + high_.dim(), rq + high_.dim(), isa);
 }
 
-void SplitCodec::score(const float* rq, const uint8_t* codes, const uint16_t* norms, int64_t n,
-                       float* scores, Isa isa) const {
+void SplitCodec::score_multi(const float* rq, int n_queries, const uint8_t* codes,
+                             const uint16_t* norms, int64_t n, float* scores, Isa isa) const {
   const size_t stride = code_bytes();
-  high_.score_rows(rq, CodeRows{codes, stride, norms, 2}, n, scores, false, isa);
-  low_.score_rows(rq + high_.dim(), CodeRows{codes + high_.code_bytes(), stride, norms + 1, 2}, n,
-                  scores, true, isa);
+  high_.score_rows(QueryRows{rq, n_queries, size_t(dim_)}, CodeRows{codes, stride, norms, 2}, n,
+                   scores, false, isa);
+  low_.score_rows(QueryRows{rq + high_.dim(), n_queries, size_t(dim_)},
+                  CodeRows{codes + high_.code_bytes(), stride, norms + 1, 2}, n, scores, true, isa);
 }
 
-void SplitCodec::accumulate(const float* weights, const uint8_t* codes, const uint16_t* norms,
-                            int64_t n, float* acc, Isa isa) const {
+void SplitCodec::accumulate_multi(const float* weights, int n_queries, const uint8_t* codes,
+                                  const uint16_t* norms, int64_t n, float* acc, Isa isa) const {
   const size_t stride = code_bytes();
-  high_.accumulate_rows(weights, CodeRows{codes, stride, norms, 2}, n, acc, isa);
-  low_.accumulate_rows(weights, CodeRows{codes + high_.code_bytes(), stride, norms + 1, 2}, n,
-                       acc + high_.dim(), isa);
+  const QueryRows w{weights, n_queries, size_t(n)};
+  high_.accumulate_rows(w, CodeRows{codes, stride, norms, 2}, n, acc, size_t(dim_), isa);
+  low_.accumulate_rows(w, CodeRows{codes + high_.code_bytes(), stride, norms + 1, 2}, n,
+                       acc + high_.dim(), size_t(dim_), isa);
 }
 
 void SplitCodec::unrotate(const float* acc, float* out, Isa isa) const {
@@ -107,8 +109,8 @@ void SplitCodec::unrotate(const float* acc, float* out, Isa isa) const {
 
 std::vector<int> choose_split_channels(const float* x, int64_t n, int dim) {
   if (n < 1 || dim < 1) {
-    throw InvalidArgument(str_cat("choose_split_channels needs n >= 1 and dim >= 1, got n=", n,
-                                  " dim=", dim));
+    throw InvalidArgument(
+        str_cat("choose_split_channels needs n >= 1 and dim >= 1, got n=", n, " dim=", dim));
   }
   std::vector<double> mean_abs(dim, 0.0);
   for (int64_t t = 0; t < n; ++t) {

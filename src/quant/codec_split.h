@@ -38,10 +38,11 @@ class SplitCodec final : public TurboQuantCodec {
                 Isa isa = best_isa()) const override;
   void dequantize(const uint8_t* codes, const uint16_t* norms, float* x) const override;
   void rotate_query(const float* q, float* rq, Isa isa = best_isa()) const override;
-  void score(const float* rq, const uint8_t* codes, const uint16_t* norms, int64_t n,
-             float* scores, Isa isa = best_isa()) const override;
-  void accumulate(const float* weights, const uint8_t* codes, const uint16_t* norms, int64_t n,
-                  float* acc, Isa isa = best_isa()) const override;
+  void score_multi(const float* rq, int n_queries, const uint8_t* codes, const uint16_t* norms,
+                   int64_t n, float* scores, Isa isa = best_isa()) const override;
+  void accumulate_multi(const float* weights, int n_queries, const uint8_t* codes,
+                        const uint16_t* norms, int64_t n, float* acc,
+                        Isa isa = best_isa()) const override;
   void unrotate(const float* acc, float* out, Isa isa = best_isa()) const override;
 
  private:

@@ -124,8 +124,8 @@ void UniformCodec::accumulate(const float* weights, const uint8_t* codes, const 
     const uint16_t* p = params + t * params_per_vector();
     for (int i = 0; i < dim(); ++i) {
       const int g = i / group_size_;
-      const float value = f16_to_f32(p[2 * g]) * float(packed_code_at(row, bits(), i)) +
-                          f16_to_f32(p[2 * g + 1]);
+      const float value =
+          f16_to_f32(p[2 * g]) * float(packed_code_at(row, bits(), i)) + f16_to_f32(p[2 * g + 1]);
       acc[i] += weights[t] * value;
     }
   }

@@ -22,8 +22,8 @@ namespace turbokv::quant {
 
 struct UniformCodecConfig {
   int dim = 0;
-  int bits = 0;          // 2..8
-  int group_size = 64;   // 32, 64 or 128
+  int bits = 0;         // 2..8
+  int group_size = 64;  // 32, 64 or 128
 };
 
 class UniformCodec {
@@ -49,8 +49,8 @@ class UniformCodec {
 
   // Attention primitives (no rotation: the frame is the input frame).
   // scores [n]: <q, dequantize(t)>.
-  void score(const float* q, const uint8_t* codes, const uint16_t* params, int64_t n,
-             float* scores, Isa isa = best_isa()) const;
+  void score(const float* q, const uint8_t* codes, const uint16_t* params, int64_t n, float* scores,
+             Isa isa = best_isa()) const;
   // acc [dim] += Σ_t weights[t] · dequantize(t).
   void accumulate(const float* weights, const uint8_t* codes, const uint16_t* params, int64_t n,
                   float* acc, Isa isa = best_isa()) const;
@@ -61,8 +61,7 @@ class UniformCodec {
 };
 
 namespace avx2 {
-void uniform_quantize(const UniformCodec& codec, const float* x, uint8_t* codes,
-                      uint16_t* params);
+void uniform_quantize(const UniformCodec& codec, const float* x, uint8_t* codes, uint16_t* params);
 void uniform_score(const UniformCodec& codec, const float* q, const uint8_t* codes,
                    const uint16_t* params, int64_t n, float* scores);
 void uniform_accumulate(const UniformCodec& codec, const float* weights, const uint8_t* codes,

@@ -33,6 +33,7 @@ void uniform_score_bits(const UniformCodec& codec, const float* q, const uint8_t
                         const uint16_t* params, int64_t n, float* scores) {
   const int d = codec.dim(), group = codec.group_size(), groups = codec.groups();
   const int code_bytes = int(codec.code_bytes());
+  const int fast = fast_groups<B>(d / 8, code_bytes);
   std::vector<float> q_sums(groups, 0.0f);  // [groups] Σ q over each group
   for (int i = 0; i < d; ++i) q_sums[i / group] += q[i];
   for (int64_t t = 0; t < n; ++t) {
@@ -44,8 +45,9 @@ void uniform_score_bits(const UniformCodec& codec, const float* q, const uint8_t
       const int full_end = begin + (end - begin) / 8 * 8;
       __m256 acc = _mm256_setzero_ps();
       for (int i = begin; i < full_end; i += 8) {
-        const int byte = i / 8 * B;
-        const __m256i idx = unpack8<B>(load_group<B>(row + byte, byte + 4 <= code_bytes));
+        const int k = i / 8;
+        const __m256i idx =
+            k < fast ? load_codes8<B>(row + k * B) : load_codes8_exact<B>(row + k * B, k * B);
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(idx), _mm256_loadu_ps(q + i), acc);
       }
       float dot = reduce_tree(acc);
@@ -57,10 +59,11 @@ void uniform_score_bits(const UniformCodec& codec, const float* q, const uint8_t
 }
 
 template <int B>
-void uniform_accumulate_bits(const UniformCodec& codec, const float* weights,
-                             const uint8_t* codes, const uint16_t* params, int64_t n, float* acc) {
+void uniform_accumulate_bits(const UniformCodec& codec, const float* weights, const uint8_t* codes,
+                             const uint16_t* params, int64_t n, float* acc) {
   const int d = codec.dim(), group = codec.group_size(), groups = codec.groups();
   const int code_bytes = int(codec.code_bytes());
+  const int fast = fast_groups<B>(d / 8, code_bytes);
   for (int64_t t = 0; t < n; ++t) {
     const uint8_t* row = codes + t * code_bytes;
     const uint16_t* p = params + t * codec.params_per_vector();
@@ -71,8 +74,9 @@ void uniform_accumulate_bits(const UniformCodec& codec, const float* weights,
       const float s = f16_to_f32(p[2 * g]), m = f16_to_f32(p[2 * g + 1]);
       const __m256 s8 = _mm256_set1_ps(s), m8 = _mm256_set1_ps(m);
       for (int i = begin; i < full_end; i += 8) {
-        const int byte = i / 8 * B;
-        const __m256i idx = unpack8<B>(load_group<B>(row + byte, byte + 4 <= code_bytes));
+        const int k = i / 8;
+        const __m256i idx =
+            k < fast ? load_codes8<B>(row + k * B) : load_codes8_exact<B>(row + k * B, k * B);
         const __m256 value = _mm256_fmadd_ps(s8, _mm256_cvtepi32_ps(idx), m8);
         _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(w, value, _mm256_loadu_ps(acc + i)));
       }
@@ -85,8 +89,7 @@ void uniform_accumulate_bits(const UniformCodec& codec, const float* weights,
 
 }  // namespace
 
-void uniform_quantize(const UniformCodec& codec, const float* x, uint8_t* codes,
-                      uint16_t* params) {
+void uniform_quantize(const UniformCodec& codec, const float* x, uint8_t* codes, uint16_t* params) {
   const int d = codec.dim(), group = codec.group_size();
   const float top = float((1 << codec.bits()) - 1);
   thread_local std::vector<uint8_t> q;
@@ -122,8 +125,8 @@ void uniform_quantize(const UniformCodec& codec, const float* x, uint8_t* codes,
       level = _mm256_floor_ps(_mm256_add_ps(level, half));
       level = _mm256_min_ps(_mm256_max_ps(level, _mm256_setzero_ps()), top8);
       const __m256i as_int = _mm256_cvttps_epi32(level);
-      const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(as_int),
-                                             _mm256_extracti128_si256(as_int, 1));
+      const __m128i words =
+          _mm_packus_epi32(_mm256_castsi256_si128(as_int), _mm256_extracti128_si256(as_int, 1));
       _mm_storel_epi64(reinterpret_cast<__m128i*>(q.data() + i), _mm_packus_epi16(words, words));
     }
     for (int i = full_end; i < end; ++i) {
@@ -136,9 +139,8 @@ void uniform_quantize(const UniformCodec& codec, const float* x, uint8_t* codes,
 
 void uniform_score(const UniformCodec& codec, const float* q, const uint8_t* codes,
                    const uint16_t* params, int64_t n, float* scores) {
-  dispatch_bits(codec.bits(), [&]<int B>() {
-    uniform_score_bits<B>(codec, q, codes, params, n, scores);
-  });
+  dispatch_bits(codec.bits(),
+                [&]<int B>() { uniform_score_bits<B>(codec, q, codes, params, n, scores); });
 }
 
 void uniform_accumulate(const UniformCodec& codec, const float* weights, const uint8_t* codes,

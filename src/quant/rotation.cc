@@ -44,7 +44,11 @@ Rotation::Rotation(uint64_t seed, int dim, RotationRole role) : dim_(dim) {
   hadamard_ = is_power_of_two(dim);
   if (hadamard_) {
     sign_flips_.resize(dim);
-    for (int i = 0; i < dim; ++i) sign_flips_[i] = uint8_t(rng.next() >> 63);
+    sign_masks_.resize(dim);
+    for (int i = 0; i < dim; ++i) {
+      sign_flips_[i] = uint8_t(rng.next() >> 63);
+      sign_masks_[i] = sign_flips_[i] ? 0x80000000u : 0u;
+    }
     scale_ = float(1.0 / std::sqrt(double(dim)));
     return;
   }
@@ -80,7 +84,8 @@ Rotation::Rotation(uint64_t seed, int dim, RotationRole role) : dim_(dim) {
 }
 
 std::shared_ptr<const Rotation> Rotation::get(uint64_t seed, int dim, RotationRole role) {
-  if (dim < 1) throw InvalidArgument(str_cat("rotation dimension ", dim, " is invalid: need d >= 1"));
+  if (dim < 1)
+    throw InvalidArgument(str_cat("rotation dimension ", dim, " is invalid: need d >= 1"));
   static std::mutex mu;
   static std::map<std::tuple<uint64_t, int, uint32_t>, std::shared_ptr<const Rotation>> cache;
   std::lock_guard<std::mutex> lock(mu);

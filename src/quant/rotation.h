@@ -47,6 +47,8 @@ class Rotation {
   bool is_hadamard() const { return hadamard_; }
   // Hadamard only: [dim] 1 where the sign flips.
   const std::vector<uint8_t>& sign_flips() const { return sign_flips_; }
+  // Hadamard only: [dim] 0x80000000 where the sign flips, else 0 (XOR masks for SIMD).
+  const std::vector<uint32_t>& sign_masks() const { return sign_masks_; }
   float hadamard_scale() const { return scale_; }
   // Dense only: [dim, dim] row-major R (y = R u); and its transpose [dim, dim] (R^T).
   const std::vector<float>& matrix() const { return matrix_; }
@@ -62,14 +64,17 @@ class Rotation {
   int dim_ = 0;
   bool hadamard_ = false;
   float scale_ = 1;
-  std::vector<uint8_t> sign_flips_;  // [dim]
-  std::vector<float> matrix_;        // [dim, dim] R, row-major
-  std::vector<float> matrix_t_;      // [dim, dim] R^T, row-major
+  std::vector<uint8_t> sign_flips_;   // [dim]
+  std::vector<uint32_t> sign_masks_;  // [dim]
+  std::vector<float> matrix_;         // [dim, dim] R, row-major
+  std::vector<float> matrix_t_;       // [dim, dim] R^T, row-major
 };
 
-inline bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
+inline bool is_power_of_two(int n) {
+  return n > 0 && (n & (n - 1)) == 0;
+}
 
-// Scalar reference kernels (exact order above); the AVX2 versions live in rotation_avx2.cc.
+// Scalar reference kernels (exact order above); the AVX2 versions live in codec_avx2.cc.
 void fwht_ref(float* z, int dim);  // in-place butterflies only (no scale)
 namespace avx2 {
 void fwht(float* z, int dim);  // dim a power of two >= 8

@@ -55,7 +55,8 @@ std::optional<int32_t> AddedVocabulary::by_content(std::string_view content) con
   return std::nullopt;
 }
 
-std::vector<AddedVocabulary::Segment> AddedVocabulary::split(std::string_view text) const {
+std::vector<AddedVocabulary::Segment> AddedVocabulary::split(std::string_view text,
+                                                             bool normalized_tokens) const {
   std::vector<Segment> segments;
   size_t plain_begin = 0;  // start of the plain text not yet emitted
   size_t pos = 0;
@@ -63,6 +64,7 @@ std::vector<AddedVocabulary::Segment> AddedVocabulary::split(std::string_view te
     const AddedToken* match = nullptr;
     for (const size_t index : by_first_byte_[static_cast<unsigned char>(text[pos])]) {
       const AddedToken& token = tokens_[index];
+      if (token.normalized != normalized_tokens) continue;
       if (text.compare(pos, token.content.size(), token.content) != 0) continue;
       const size_t end = pos + token.content.size();
       if (token.single_word) {

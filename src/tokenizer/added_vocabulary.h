@@ -1,6 +1,7 @@
 // Added tokens of tokenizer.json (special tokens like <|im_start|> and user-added tokens).
-// They are found in the raw text before normalization and pre-tokenization, leftmost-longest
-// like HF's Aho-Corasick matcher, honouring lstrip/rstrip/single_word.
+// Like HF, tokens with normalized=false are found in the raw text, the others in the normalized
+// text of what lies between them; both before pre-tokenization, leftmost-longest like HF's
+// Aho-Corasick matcher, honouring lstrip/rstrip/single_word.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +29,8 @@ class AddedVocabulary {
     size_t begin, end;  // byte offsets into the text
     int32_t id;
   };
-  std::vector<Segment> split(std::string_view text) const;
+  // Splits on the tokens whose `normalized` flag equals normalized_tokens.
+  std::vector<Segment> split(std::string_view text, bool normalized_tokens) const;
 
   const AddedToken* by_id(int32_t id) const;
   std::optional<int32_t> by_content(std::string_view content) const;

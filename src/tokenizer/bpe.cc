@@ -35,7 +35,9 @@ BpeModel::BpeModel(const json& model) {
   };
   continuing_prefix_ = optional_string("continuing_subword_prefix");
   end_suffix_ = optional_string("end_of_word_suffix");
-  auto flag = [&](const char* key) { return model.contains(key) && model[key].is_boolean() && model[key].get<bool>(); };
+  auto flag = [&](const char* key) {
+    return model.contains(key) && model[key].is_boolean() && model[key].get<bool>();
+  };
   byte_fallback_ = flag("byte_fallback");
   fuse_unk_ = flag("fuse_unk");
   ignore_merges_ = flag("ignore_merges");
@@ -170,7 +172,8 @@ void BpeModel::encode_piece_uncached(std::string_view piece, std::vector<int32_t
     }
     if (byte_fallback_) {
       bool all_bytes = true;
-      for (const char c : ch) all_bytes = all_bytes && byte_ids_[static_cast<unsigned char>(c)] >= 0;
+      for (const char c : ch)
+        all_bytes = all_bytes && byte_ids_[static_cast<unsigned char>(c)] >= 0;
       if (all_bytes) {
         for (const char c : ch) add(byte_ids_[static_cast<unsigned char>(c)], 1);
         previous_unk = false;

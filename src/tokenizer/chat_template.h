@@ -3,6 +3,7 @@
 // raise_exception, strftime_now).
 #pragma once
 
+#include <ctime>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -24,6 +25,12 @@ class ChatTemplate {
   // vars: messages, tools, add_generation_prompt, bos_token, eos_token, anything else.
   // Throws TemplateError (a turbokv::Error) for runtime errors and raise_exception.
   std::string render(const nlohmann::json& vars) const;
+  // The same with the variables' key order kept: tojson of tools/arguments prints keys in the
+  // order Python would (nlohmann::json sorts keys). Prefer this when vars come from JSON text.
+  std::string render_ordered(const nlohmann::ordered_json& vars) const;
+
+  // Pins the time strftime_now() formats (default: the local time when rendering).
+  void set_now(const std::tm& now);
 
   ChatTemplate(ChatTemplate&&) noexcept;
   ChatTemplate& operator=(ChatTemplate&&) noexcept;

@@ -11,7 +11,8 @@ constexpr char kReplacementChar[] = "\xEF\xBF\xBD";
 
 class SequenceDecoder final : public Decoder {
  public:
-  explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> steps) : steps_(std::move(steps)) {}
+  explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> steps)
+      : steps_(std::move(steps)) {}
   std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override {
     for (const auto& step : steps_) tokens = step->decode_chain(std::move(tokens));
     return tokens;
@@ -126,9 +127,8 @@ class StripDecoder final : public Decoder {
   std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override {
     for (std::string& token : tokens) {
       size_t begin = 0, end = token.size();
-      for (size_t i = 0; i < start_ && token.compare(begin, content_.size(), content_) == 0 &&
-                         begin < end;
-           ++i) {
+      for (size_t i = 0;
+           i < start_ && token.compare(begin, content_.size(), content_) == 0 && begin < end; ++i) {
         begin += content_.size();
       }
       for (size_t i = 0; i < stop_ && end >= begin + content_.size() &&

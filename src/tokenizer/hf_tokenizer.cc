@@ -46,20 +46,21 @@ Json parse_json_located(const std::string& text, const std::string& what) {
         ++column;
       }
     }
-    throw FormatError(str_cat(what, ": malformed JSON at byte ", byte, " (line ", line,
-                              ", column ", column, "): ", e.what()));
+    throw FormatError(str_cat(what, ": malformed JSON at byte ", byte, " (line ", line, ", column ",
+                              column, "): ", e.what()));
   }
 }
 template nlohmann::json parse_json_located<nlohmann::json>(const std::string&, const std::string&);
 template nlohmann::ordered_json parse_json_located<nlohmann::ordered_json>(const std::string&,
-                                                                          const std::string&);
+                                                                           const std::string&);
 
 HfTokenizer::HfTokenizer(const json& root) {
   if (!root.is_object()) throw FormatError("tokenizer.json: the top level must be an object");
   const json& model = json_member(root, "model", "tokenizer.json");
   const std::string type = json_string_or(model, "type", "BPE", "model");
   if (type != "BPE") {
-    throw Unsupported(str_cat("tokenizer.json: model type '", type, "' is not supported (only BPE)"));
+    throw Unsupported(
+        str_cat("tokenizer.json: model type '", type, "' is not supported (only BPE)"));
   }
   model_ = std::make_unique<BpeModel>(model);
 
@@ -192,17 +193,23 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
   }
   std::vector<int32_t> ids;
   std::vector<std::string> pieces;
-  for (const auto& segment : added_.split(text)) {
+  for (const auto& segment : added_.split(text, /*normalized_tokens=*/false)) {
     if (segment.id >= 0) {
       ids.push_back(segment.id);
       continue;
     }
     std::string part(text.substr(segment.begin, segment.end - segment.begin));
     if (normalizer_) part = normalizer_->normalize(std::move(part));
-    pieces.clear();
-    pieces.push_back(std::move(part));
-    if (pre_tokenizer_) pre_tokenizer_->split(pieces, segment.begin == 0);
-    for (const std::string& piece : pieces) model_->encode_piece(piece, ids);
+    for (const auto& inner : added_.split(part, /*normalized_tokens=*/true)) {
+      if (inner.id >= 0) {
+        ids.push_back(inner.id);
+        continue;
+      }
+      pieces.clear();
+      pieces.emplace_back(part, inner.begin, inner.end - inner.begin);
+      if (pre_tokenizer_) pre_tokenizer_->split(pieces, segment.begin == 0 && inner.begin == 0);
+      for (const std::string& piece : pieces) model_->encode_piece(piece, ids);
+    }
   }
   if (add_special_tokens) {
     if (post_processor_) post_processor_->process(ids);
@@ -222,8 +229,8 @@ std::string HfTokenizer::decode(std::span<const int32_t> ids, bool skip_special_
   for (const int32_t id : ids) {
     const std::string* token = token_string(id);
     if (token == nullptr) {
-      throw InvalidArgument(str_cat("token id ", id, " is not in the vocabulary (0..",
-                                    vocab_size() - 1, ")"));
+      throw InvalidArgument(
+          str_cat("token id ", id, " is not in the vocabulary (0..", vocab_size() - 1, ")"));
     }
     if (skip_special_tokens && is_special(id)) continue;
     tokens.push_back(*token);

@@ -108,7 +108,8 @@ std::unique_ptr<Normalizer> make_normalizer(const json& j, const std::string& wh
   if (type == "Sequence") {
     std::vector<std::unique_ptr<Normalizer>> steps;
     const json& list = json_member(j, "normalizers", where);
-    if (!list.is_array()) throw FormatError(str_cat("tokenizer.json: ", where, ".normalizers must be an array"));
+    if (!list.is_array())
+      throw FormatError(str_cat("tokenizer.json: ", where, ".normalizers must be an array"));
     for (size_t i = 0; i < list.size(); ++i) {
       if (auto step = make_normalizer(list[i], str_cat(where, ".normalizers[", i, "]"))) {
         steps.push_back(std::move(step));
@@ -116,7 +117,8 @@ std::unique_ptr<Normalizer> make_normalizer(const json& j, const std::string& wh
     }
     return std::make_unique<SequenceNormalizer>(std::move(steps));
   }
-  if (type == "Prepend") return std::make_unique<PrependNormalizer>(json_string(j, "prepend", where));
+  if (type == "Prepend")
+    return std::make_unique<PrependNormalizer>(json_string(j, "prepend", where));
   if (type == "Replace") {
     return std::make_unique<ReplaceNormalizer>(
         make_pattern(json_member(j, "pattern", where), where + ".pattern"),

@@ -6,18 +6,20 @@ namespace turbokv {
 
 const json& json_member(const json& obj, const char* key, const std::string& where) {
   if (!obj.is_object()) {
-    throw FormatError(str_cat("tokenizer.json: ", where, " must be an object, got ", obj.type_name()));
+    throw FormatError(
+        str_cat("tokenizer.json: ", where, " must be an object, got ", obj.type_name()));
   }
   auto it = obj.find(key);
-  if (it == obj.end()) throw FormatError(str_cat("tokenizer.json: ", where, ".", key, " is missing"));
+  if (it == obj.end())
+    throw FormatError(str_cat("tokenizer.json: ", where, ".", key, " is missing"));
   return *it;
 }
 
 std::string json_string(const json& obj, const char* key, const std::string& where) {
   const json& value = json_member(obj, key, where);
   if (!value.is_string()) {
-    throw FormatError(str_cat("tokenizer.json: ", where, ".", key, " must be a string, got ",
-                              value.type_name()));
+    throw FormatError(
+        str_cat("tokenizer.json: ", where, ".", key, " must be a string, got ", value.type_name()));
   }
   return value.get<std::string>();
 }

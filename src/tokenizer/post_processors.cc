@@ -51,7 +51,8 @@ int32_t special_id(const json& pair, const std::string& where) {
 std::unique_ptr<PostProcessor> make_template(const json& j, const std::string& where) {
   const json& single = json_member(j, "single", where);
   const json& specials = json_member(j, "special_tokens", where);
-  if (!single.is_array()) throw FormatError(str_cat("tokenizer.json: ", where, ".single must be an array"));
+  if (!single.is_array())
+    throw FormatError(str_cat("tokenizer.json: ", where, ".single must be an array"));
   std::vector<int32_t> before, after;
   bool seen_sequence = false;
   for (size_t i = 0; i < single.size(); ++i) {
@@ -83,8 +84,8 @@ std::unique_ptr<PostProcessor> make_post_processor(const json& j, const std::str
   if (j.is_null()) return nullptr;
   const std::string type = json_string(j, "type", where);
   if (type == "TemplateProcessing") return make_template(j, where);
-  if (type == "ByteLevel") return std::make_unique<WrapProcessor>(std::vector<int32_t>{},
-                                                                   std::vector<int32_t>{});
+  if (type == "ByteLevel")
+    return std::make_unique<WrapProcessor>(std::vector<int32_t>{}, std::vector<int32_t>{});
   if (type == "BertProcessing" || type == "RobertaProcessing") {
     return std::make_unique<WrapProcessor>(
         std::vector<int32_t>{special_id(json_member(j, "cls", where), where + ".cls")},

@@ -107,7 +107,8 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
  public:
   ByteLevelPreTokenizer(bool add_prefix_space, bool use_regex)
       : add_prefix_space_(add_prefix_space) {
-    if (use_regex) regex_.emplace(SplitPreTokenizer(Regex(kByteLevelRegex), SplitBehavior::kIsolated, false));
+    if (use_regex)
+      regex_.emplace(SplitPreTokenizer(Regex(kByteLevelRegex), SplitBehavior::kIsolated, false));
   }
 
   void split(std::vector<std::string>& pieces, bool) const override {
@@ -150,8 +151,8 @@ class MetaspacePreTokenizer final : public PreTokenizer {
           replaced += c;
         }
       }
-      const bool prepend = prepend_ == Prepend::kAlways ||
-                           (prepend_ == Prepend::kFirst && first_segment && i == 0);
+      const bool prepend =
+          prepend_ == Prepend::kAlways || (prepend_ == Prepend::kFirst && first_segment && i == 0);
       if (prepend && replaced.compare(0, replacement_.size(), replacement_) != 0) {
         replaced.insert(0, replacement_);
       }
@@ -215,8 +216,9 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j, const std::strin
     if (scheme == "first") prepend = MetaspacePreTokenizer::Prepend::kFirst;
     if (scheme == "never") prepend = MetaspacePreTokenizer::Prepend::kNever;
     if (scheme == "always") prepend = MetaspacePreTokenizer::Prepend::kAlways;
-    return std::make_unique<MetaspacePreTokenizer>(json_string_or(j, "replacement", "\u2581", where),
-                                                   prepend, json_bool_or(j, "split", true, where));
+    return std::make_unique<MetaspacePreTokenizer>(
+        json_string_or(j, "replacement", "\u2581", where), prepend,
+        json_bool_or(j, "split", true, where));
   }
   if (type == "Whitespace") {
     return std::make_unique<SplitPreTokenizer>(Regex(R"(\w+|[^\w\s]+)"), SplitBehavior::kRemoved,

@@ -99,14 +99,24 @@ std::string map_code_points(std::string_view s, Map map) {
   return out;
 }
 
-char32_t upper(char32_t cp) { return utf8proc_toupper(static_cast<utf8proc_int32_t>(cp)); }
-char32_t lower(char32_t cp) { return utf8proc_tolower(static_cast<utf8proc_int32_t>(cp)); }
-char32_t title(char32_t cp) { return utf8proc_totitle(static_cast<utf8proc_int32_t>(cp)); }
+char32_t upper(char32_t cp) {
+  return utf8proc_toupper(static_cast<utf8proc_int32_t>(cp));
+}
+char32_t lower(char32_t cp) {
+  return utf8proc_tolower(static_cast<utf8proc_int32_t>(cp));
+}
+char32_t title(char32_t cp) {
+  return utf8proc_totitle(static_cast<utf8proc_int32_t>(cp));
+}
 
 }  // namespace
 
-std::string to_upper(std::string_view s) { return map_code_points(s, upper); }
-std::string to_lower(std::string_view s) { return map_code_points(s, lower); }
+std::string to_upper(std::string_view s) {
+  return map_code_points(s, upper);
+}
+std::string to_lower(std::string_view s) {
+  return map_code_points(s, lower);
+}
 
 std::string to_title(std::string_view s) {
   bool previous_cased = false;
@@ -143,8 +153,8 @@ std::string normalize(std::string_view s, std::string_view form) {
   } else if (form == "NFKD") {
     options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
   } else {
-    throw InvalidArgument(str_cat("unicode normalization form '", form,
-                                  "' is not one of NFC, NFD, NFKC, NFKD"));
+    throw InvalidArgument(
+        str_cat("unicode normalization form '", form, "' is not one of NFC, NFD, NFKC, NFKD"));
   }
   utf8proc_uint8_t* result = nullptr;
   const auto len = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
@@ -183,7 +193,9 @@ const ByteAlphabet& alphabet() {
 
 }  // namespace
 
-const std::array<std::string, 256>& byte_to_unicode() { return alphabet().to_unicode; }
+const std::array<std::string, 256>& byte_to_unicode() {
+  return alphabet().to_unicode;
+}
 
 int unicode_to_byte(char32_t cp) {
   return cp < 0x200 ? alphabet().from_unicode[cp] : -1;

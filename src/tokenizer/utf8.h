@@ -34,8 +34,8 @@ size_t incomplete_tail(std::string_view s);
 bool is_space(char32_t cp);  // str.isspace()
 std::string to_upper(std::string_view s);
 std::string to_lower(std::string_view s);
-std::string to_title(std::string_view s);       // str.title()
-std::string capitalize(std::string_view s);     // str.capitalize()
+std::string to_title(std::string_view s);    // str.title()
+std::string capitalize(std::string_view s);  // str.capitalize()
 size_t count_code_points(std::string_view s);
 
 // Unicode normalization forms (utf8proc). Throws InvalidArgument on invalid UTF-8.

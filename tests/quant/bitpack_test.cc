@@ -1,11 +1,12 @@
 // Bit packing: the documented LSB-first layout on hand-computed bytes, round trips for every
 // b and awkward d, no writes past code_bytes().
+#include "quant/bitpack.h"
+
 #include <gtest/gtest.h>
 
 #include <vector>
 
 #include "core/error.h"
-#include "quant/bitpack.h"
 #include "quant/rng.h"
 
 namespace turbokv::quant {

@@ -1,12 +1,13 @@
 // Lloyd-Max codebooks against DESIGN §2's check values (computed independently of our code),
 // symmetry, monotonicity, and parameter validation.
+#include "quant/codebook.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
 #include "core/error.h"
-#include "quant/codebook.h"
 
 namespace turbokv::quant {
 namespace {

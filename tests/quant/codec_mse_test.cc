@@ -1,5 +1,7 @@
 // MSE codec: distortion against DESIGN §2 by Monte Carlo, round trips, norm correction,
 // scalar vs AVX2 bit-identity, batch vs per-vector identity, attention primitives.
+#include "quant/codec_mse.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +11,6 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/threads.h"
-#include "quant/codec_mse.h"
 #include "test_util.h"
 
 namespace turbokv::quant {
@@ -156,8 +157,8 @@ TEST(MseCodec, BatchEqualsPerVector) {
 
 // score / accumulate on codes equal the same computations on dequantized vectors.
 TEST(MseCodec, ScoreAndAccumulateMatchDequantizedVectors) {
-  for (int dim : {3, 64, 80, 128}) {
-    for (int bits : {2, 3, 4, 6}) {
+  for (int dim : {3, 8, 12, 64, 80, 128}) {
+    for (int bits : {1, 2, 3, 4, 5, 6, 7, 8}) {
       const MseCodec codec({dim, bits, 1, RotationRole::kKey, true});
       const int64_t n = 37;
       const std::vector<float> x = testing::gaussian_matrix(n, dim, 9);

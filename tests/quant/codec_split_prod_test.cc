@@ -91,8 +91,8 @@ TEST(SplitCodec, CodesBitIdenticalAcrossPathsAndPrimitivesMatchDequantize) {
   for (int d : {4, 7, 64, 80, 96, 128}) {
     for (double bits : {1.5, 2.5, 3.5, 7.5}) {
       const std::vector<float> x = testing::gaussian_matrix(40, d, d * 10 + int(bits * 2));
-      TurboQuantConfig config{d, bits, 2, TensorRole::kValue, true,
-                              choose_split_channels(x.data(), 16, d)};
+      TurboQuantConfig config{
+          d, bits, 2, TensorRole::kValue, true, choose_split_channels(x.data(), 16, d)};
       const auto codec = make_turboquant_codec(config);
       const size_t cb = codec->code_bytes();
       std::vector<uint8_t> c1(40 * cb), c2(40 * cb);
@@ -120,6 +120,44 @@ TEST(SplitCodec, CodesBitIdenticalAcrossPathsAndPrimitivesMatchDequantize) {
         double ref = 0;
         for (int t = 0; t < 40; ++t) ref += double(w[t]) * deq[t * d + i];
         EXPECT_NEAR(out[i], ref, 1e-4 * (1 + std::abs(ref))) << d << "/" << bits;
+      }
+    }
+  }
+}
+
+// score_multi / accumulate_multi (GQA: several query heads per pass) equal one call per query.
+TEST(CodecMulti, MultiQueryFormsEqualSingleQueryCalls) {
+  for (double bits : {2.0, 3.0, 3.5, 4.0, 5.0}) {
+    for (int d : {12, 80, 128}) {
+      const auto codec = make_turboquant_codec(plain(d, bits));
+      const int n = 133;  // three row tiles of the AVX2 accumulate, the last one odd
+      const std::vector<float> x = testing::gaussian_matrix(n, d, 4);
+      std::vector<uint8_t> codes(n * codec->code_bytes());
+      std::vector<uint16_t> norms(n * codec->norms_per_vector());
+      codec->quantize_batch(x.data(), n, codes.data(), norms.data());
+      for (int m : {1, 2, 3, 4, 6}) {
+        const std::vector<float> rq = testing::gaussian_matrix(m, d, 7);  // [m, d]
+        const std::vector<float> w = testing::gaussian_matrix(m, n, 8);   // [m, n]
+        for (Isa isa : {Isa::kScalar, Isa::kAvx2}) {
+          std::vector<float> scores(m * n), acc(m * d, 0.5f);
+          codec->score_multi(rq.data(), m, codes.data(), norms.data(), n, scores.data(), isa);
+          codec->accumulate_multi(w.data(), m, codes.data(), norms.data(), n, acc.data(), isa);
+          for (int j = 0; j < m; ++j) {
+            std::vector<float> one(n), one_acc(d, 0.5f);
+            codec->score(rq.data() + j * d, codes.data(), norms.data(), n, one.data(),
+                         Isa::kScalar);
+            codec->accumulate(w.data() + j * n, codes.data(), norms.data(), n, one_acc.data(),
+                              Isa::kScalar);
+            for (int t = 0; t < n; ++t) {
+              EXPECT_NEAR(scores[j * n + t], one[t], 1e-4 * (1 + std::abs(one[t])))
+                  << bits << "/" << d << "/" << m;
+            }
+            for (int i = 0; i < d; ++i) {
+              EXPECT_NEAR(acc[j * d + i], one_acc[i], 1e-4 * (1 + std::abs(one_acc[i])))
+                  << bits << "/" << d << "/" << m;
+            }
+          }
+        }
       }
     }
   }

@@ -1,5 +1,7 @@
 // Uniform affine group codec: error bound of half a step per element, exact representation
 // of values on the grid, scalar == AVX2 codes, batch == per-vector, score/accumulate.
+#include "quant/codec_uniform.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,7 +10,6 @@
 #include "core/cpu.h"
 #include "core/error.h"
 #include "core/half.h"
-#include "quant/codec_uniform.h"
 #include "test_util.h"
 
 namespace turbokv::quant {

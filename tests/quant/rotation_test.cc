@@ -1,6 +1,8 @@
 // Rotations: orthogonality (R^T R = I) for Hadamard and dense sizes, the Hadamard definition
 // checked against an explicit Sylvester matrix, determinism in (seed, d, role), and
 // scalar == AVX2 bit for bit.
+#include "quant/rotation.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,7 +10,6 @@
 #include <vector>
 
 #include "core/cpu.h"
-#include "quant/rotation.h"
 #include "test_util.h"
 
 namespace turbokv::quant {

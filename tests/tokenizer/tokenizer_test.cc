@@ -1,6 +1,9 @@
-// Tokenizers against the HF `tokenizers` reference (tests/fixtures/tokenizers/tokenizer-cases.json):
-// ids and decoded text for tinycode (byte-level BPE), llama3style and spmstyle (byte fallback);
-// streaming decode against the full decode; malformed tokenizer.json errors with locations.
+// Tokenizers against the HF `tokenizers` reference
+// (tests/fixtures/tokenizers/tokenizer-cases.json): ids and decoded text for tinycode (byte-level
+// BPE), llama3style and spmstyle (byte fallback); streaming decode against the full decode;
+// malformed tokenizer.json errors with locations.
+#include "tokenizer/tokenizer.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -10,7 +13,6 @@
 
 #include "core/error.h"
 #include "tokenizer/hf_tokenizer.h"
-#include "tokenizer/tokenizer.h"
 
 namespace turbokv {
 namespace {
@@ -125,7 +127,8 @@ std::string error_of(const std::string& tokenizer_json) {
 }
 
 TEST(Tokenizer, MalformedJsonNamesItsLocation) {
-  const std::string message = error_of("{\n  \"model\": {\"type\": \"BPE\",\n    \"vocab\": {\"a\" 1}}}");
+  const std::string message =
+      error_of("{\n  \"model\": {\"type\": \"BPE\",\n    \"vocab\": {\"a\" 1}}}");
   EXPECT_NE(message.find("malformed JSON at byte 47 (line 3, column 19)"), std::string::npos)
       << message;
   EXPECT_THROW(Tokenizer::from_file(write_temp("t.json", "{\"model\": [}")), FormatError);
@@ -163,6 +166,23 @@ TEST(Tokenizer, StringAndListMergesAgree) {
     EXPECT_EQ(string_form.encode(c.at("text").get<std::string>()),
               list_form.encode(c.at("text").get<std::string>()));
   }
+}
+
+// An added token with normalized=true is matched in the normalized text ("▁world" after the
+// Prepend/Replace normalizer); with normalized=false only in the raw text, where it is absent.
+// Expected ids: the HF fixture ids of "Hello world" ([415, 300, 553, 552 | 415, 3189, 336, 328],
+// no merge across the boundary) with the second word replaced by the added token.
+TEST(Tokenizer, NormalizedAddedTokensMatchAfterNormalization) {
+  std::ifstream in(kFixtures + "spmstyle-tokenizer.json");
+  nlohmann::json root = nlohmann::json::parse(in);
+  root["added_tokens"].push_back({{"id", 4096}, {"content", "\u2581world"}, {"single_word", false},
+                                  {"lstrip", false}, {"rstrip", false}, {"normalized", true},
+                                  {"special", false}});
+  EXPECT_EQ(HfTokenizer(root).encode("Hello world"),
+            (std::vector<int32_t>{415, 300, 553, 552, 4096}));
+  root["added_tokens"].back()["normalized"] = false;
+  EXPECT_EQ(HfTokenizer(root).encode("Hello world"),
+            (std::vector<int32_t>{415, 300, 553, 552, 415, 3189, 336, 328}));
 }
 
 // The per-piece cache returns what the plain BPE computes.

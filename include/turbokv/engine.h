@@ -1,0 +1,175 @@
+// Public C++ API for text generation: load a model directory (weights + tokenizer), then
+// generate or stream text. One Engine serves many concurrent requests: a single engine thread
+// batches every active sequence into each forward pass (continuous batching), and each request
+// may choose its own KV-cache options (DESIGN §2 selection rules, resolve_kv_options).
+//
+//   auto engine = turbokv::Engine::load("models/tinycode-llama");
+//   turbokv::GenerateOptions opt;
+//   opt.max_tokens = 64;
+//   opt.kv = turbokv::KVOptions{};
+//   opt.kv->kv_bits = 3.5;
+//   auto result = engine->generate("def fibonacci(n):", opt);
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "turbokv/kv_options.h"
+
+namespace turbokv {
+
+// Applied in this order: repetition penalty, temperature, top-k, top-p, min-p.
+struct SamplingOptions {
+  double temperature = 0.0;         // 0: greedy (argmax, lowest id on ties)
+  int top_k = 0;                    // 0: off
+  double top_p = 1.0;               // nucleus mass in (0, 1]; 1: off
+  double min_p = 0.0;               // drop tokens with p < min_p * p_max; 0: off
+  double repetition_penalty = 1.0;  // > 0; 1: off (HF rule: logit/penalty if > 0 else *penalty)
+  int repetition_context = 64;      // how many recent tokens (prompt included) the penalty sees
+  uint64_t seed = 0;                // RNG seed of this request
+};
+
+struct GenerateOptions {
+  int max_tokens = 256;  // >= 1
+  SamplingOptions sampling;
+  std::vector<std::string> stop;        // stop strings: the text ends before the first match
+  std::vector<int32_t> stop_token_ids;  // in addition to the model's EOS ids
+  bool ignore_eos = false;              // keep going past EOS ids (benchmarks, agreement)
+  std::optional<KVOptions> kv;          // overrides the engine's default KV options
+  // Teacher forcing: generated position i feeds forced_tokens[i] to the model instead of the
+  // sampled token (chunks still report the sampled one): how often does a KV scheme pick the
+  // reference's token given the reference's history?
+  std::vector<int32_t> forced_tokens;
+};
+
+// The request queue is full (HTTP 429); the request may be retried later.
+class Overloaded : public Error {
+ public:
+  using Error::Error;
+};
+
+enum class FinishReason { kNone, kStop, kLength, kCancelled };
+const char* finish_reason_name(FinishReason reason);  // "", "stop", "length", "cancelled"
+
+struct GenerationStats {
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  double prompt_seconds = 0;      // from the first prefill chunk to the first sampled token
+  double generation_seconds = 0;  // from the first sampled token to the last
+  double prompt_tps = 0;          // prompt_tokens / prompt_seconds
+  double generation_tps = 0;      // (generated_tokens - 1) / generation_seconds: decode steps
+  // The KV cache at the end: cached_tokens is what the caches hold (prompt + generated - 1: the
+  // last sampled token is never fed back). kv_bytes is the caches' exact nbytes(), and
+  // kv_bytes_dense the fp16 size of the same tokens:
+  // cached_tokens * layers * kv_heads * head_dim * 2 (K and V) * 2 bytes.
+  int64_t cached_tokens = 0;
+  size_t kv_bytes = 0;
+  size_t kv_bytes_dense = 0;
+  ResolvedKV kv;  // the KV choice this request ran with
+};
+
+// One streamed event. Token events carry the sampled token and the text that became final with
+// it (may be empty: a partial UTF-8 character or a possible stop-string prefix is held back).
+struct GenerationChunk {
+  std::string text;
+  int32_t token = -1;            // -1 for progress and final events without a new token
+  int64_t prompt_processed = 0;  // prompt tokens prefilled so far (progress)
+  bool done = false;             // the last chunk of the request
+  FinishReason finish_reason = FinishReason::kNone;
+  GenerationStats stats;  // up to date on every chunk; final on the done chunk
+};
+
+struct GenerationResult {
+  std::string text;
+  std::vector<int32_t> tokens;  // generated ids, the stopping EOS id excluded
+  FinishReason finish_reason = FinishReason::kNone;
+  GenerationStats stats;
+};
+
+// A submitted request. Chunks are consumed by one thread, in order.
+class GenerationStream {
+ public:
+  virtual ~GenerationStream() = default;  // cancels the request if it is still running
+  // Blocks until the next chunk. Returns false once the done chunk has been returned. Rethrows a
+  // failure of the request (the engine keeps serving others).
+  virtual bool next(GenerationChunk* chunk) = 0;
+  virtual void cancel() = 0;
+};
+
+struct EngineOptions {
+  KVOptions kv;                // default KV options of every request (dense unless kv_bits)
+  int max_sequences = 16;      // sequences decoded together; more requests wait in a queue
+  int max_waiting = 256;       // queued requests beyond that are refused (InvalidArgument)
+  int prefill_chunk = 256;     // prompt tokens per sequence per forward pass
+  int max_batch_tokens = 512;  // tokens per forward pass (decode tokens first, then prefill)
+};
+
+struct ChatMessage {
+  std::string role;
+  std::string content;
+};
+
+struct ModelSummary {
+  std::string model_dir;
+  std::string model_type;
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int vocab_size = 0;
+  int64_t context_length = 0;  // max_position_embeddings
+};
+
+struct EngineMetrics {
+  int64_t requests_total = 0;  // submitted and accepted
+  int64_t requests_failed = 0;
+  int64_t prompt_tokens_total = 0;
+  int64_t generated_tokens_total = 0;
+  int64_t active_sequences = 0;  // in the batch now
+  int64_t waiting_requests = 0;  // queued for a batch slot
+  size_t kv_bytes = 0;           // caches of the active sequences, now
+  size_t kv_bytes_dense = 0;     // their fp16 equivalent
+  int64_t forward_passes = 0;
+};
+
+class Engine {
+ public:
+  // Loads the model and tokenizer from dir and starts the engine thread. Throws IoError,
+  // FormatError, Unsupported; InvalidArgument for bad options (e.g. KV options).
+  static std::unique_ptr<Engine> load(const std::string& model_dir,
+                                      const EngineOptions& options = {});
+  virtual ~Engine() = default;
+
+  virtual const ModelSummary& summary() const = 0;
+  virtual const EngineOptions& options() const = 0;
+
+  virtual std::vector<int32_t> encode(const std::string& text,
+                                      bool add_special_tokens = true) const = 0;
+  virtual std::string decode(std::span<const int32_t> ids) const = 0;
+  // Renders messages with the model's chat template (generation prompt appended). Throws
+  // InvalidArgument when the model has no template or the template rejects the messages.
+  virtual std::string apply_chat_template(const std::vector<ChatMessage>& messages) const = 0;
+  // End-of-turn tokens of chat templates (<|im_end|>, <|eot_id|>, ...) this tokenizer has.
+  virtual std::vector<int32_t> chat_stop_token_ids() const = 0;
+
+  // Queues a request. Throws InvalidArgument for invalid options, an empty prompt, a prompt that
+  // does not fit the context, or a full queue.
+  virtual std::unique_ptr<GenerationStream> submit(std::vector<int32_t> prompt_tokens,
+                                                   const GenerateOptions& options) = 0;
+
+  // submit + drain. on_chunk runs on the calling thread; returning false cancels.
+  GenerationResult generate(std::vector<int32_t> prompt_tokens, const GenerateOptions& options,
+                            const std::function<bool(const GenerationChunk&)>& on_chunk = {});
+  GenerationResult generate(const std::string& prompt, const GenerateOptions& options,
+                            const std::function<bool(const GenerationChunk&)>& on_chunk = {});
+
+  virtual EngineMetrics metrics() const = 0;
+};
+
+}  // namespace turbokv

@@ -1,0 +1,73 @@
+// `turbokv server`: the OpenAI-compatible HTTP server. Prints "listening on http://HOST:PORT"
+// on stdout once the socket is bound (--port 0 picks a free port); SIGINT/SIGTERM stop it.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <thread>
+
+#include "cli/engine_flags.h"
+#include "server/server.h"
+
+namespace turbokv::cli {
+namespace {
+
+// SIGINT/SIGTERM write a byte here (any thread may take the signal); a waiter thread reads it
+// and stops the server outside the signal handler.
+int g_stop_pipe[2] = {-1, -1};
+
+void on_stop_signal(int) {
+  const char byte = 1;
+  [[maybe_unused]] ssize_t n = write(g_stop_pipe[1], &byte, 1);
+}
+
+int run_server(int argc, char** argv) {
+  CLI::App app("Serve the model over an OpenAI-compatible HTTP API", "server");
+  EngineFlags engine_flags;
+  server::ServerOptions options;
+  EngineOptions engine_options;
+  engine_flags.add_to(app);
+  app.add_option("--host", options.host, "address to listen on");
+  app.add_option("--port", options.port, "port (0: pick a free one)");
+  app.add_option("--api-key", options.api_key, "require 'Authorization: Bearer KEY'");
+  app.add_option("--model-id", options.model_id, "model name reported by /v1/models");
+  app.add_option("--max-sequences", engine_options.max_sequences,
+                 "sequences decoded together (more requests wait)");
+  app.add_option("--max-waiting", engine_options.max_waiting,
+                 "queued requests beyond which new ones get 429");
+  app.add_option("--max-tokens-limit", options.max_tokens,
+                 "largest max_tokens a request may ask for (also the default)");
+  app.add_option("--max-body-bytes", options.max_body_bytes, "larger request bodies get 413");
+  app.add_option("--http-threads", options.http_threads, "connections served at once");
+  if (int rc = parse(app, argc, argv); rc >= 0) return rc;
+  if (options.max_tokens < 1) throw InvalidArgument("--max-tokens-limit must be >= 1");
+  if (options.http_threads < 1) throw InvalidArgument("--http-threads must be >= 1");
+
+  auto engine = engine_flags.load(engine_options);
+  server::Server server(*engine, options);
+  const int port = server.bind();
+  std::printf("turbokv server listening on http://%s:%d\n", options.host.c_str(), port);
+  std::fflush(stdout);
+  if (pipe(g_stop_pipe) != 0) throw IoError("cannot create the signal pipe");
+  struct sigaction action = {};
+  action.sa_handler = on_stop_signal;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  std::thread waiter([&] {
+    char byte = 0;
+    while (read(g_stop_pipe[0], &byte, 1) < 0 && errno == EINTR) {
+    }
+    server.stop();
+  });
+  server.listen();
+  on_stop_signal(0);  // stopped some other way: release the waiter
+  waiter.join();
+  return 0;
+}
+
+}  // namespace
+
+TURBOKV_COMMAND("server", "OpenAI-compatible HTTP server", run_server);
+
+}  // namespace turbokv::cli

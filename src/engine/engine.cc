@@ -1,0 +1,147 @@
+// Engine: the model, its tokenizer and chat template, and the scheduler's engine thread.
+#include "turbokv/engine.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "engine/scheduler.h"
+#include "kv/cache_policy.h"
+#include "tokenizer/chat_template.h"
+
+namespace turbokv {
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone:
+      return "";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+  }
+  return "";
+}
+
+GenerationResult Engine::generate(std::vector<int32_t> prompt_tokens,
+                                  const GenerateOptions& options,
+                                  const std::function<bool(const GenerationChunk&)>& on_chunk) {
+  auto stream = submit(std::move(prompt_tokens), options);
+  GenerationResult result;
+  GenerationChunk chunk;
+  while (stream->next(&chunk)) {
+    result.text += chunk.text;
+    if (chunk.token >= 0) result.tokens.push_back(chunk.token);
+    if (chunk.done) {
+      result.finish_reason = chunk.finish_reason;
+      result.stats = chunk.stats;
+    }
+    if (on_chunk && !on_chunk(chunk)) stream->cancel();
+  }
+  return result;
+}
+
+GenerationResult Engine::generate(const std::string& prompt, const GenerateOptions& options,
+                                  const std::function<bool(const GenerationChunk&)>& on_chunk) {
+  return generate(encode(prompt), options, on_chunk);
+}
+
+namespace {
+
+class EngineImpl : public Engine {
+ public:
+  EngineImpl(const std::string& dir, const EngineOptions& options)
+      : options_(options), model_(Model::load(dir)), tokenizer_(Tokenizer::from_model_dir(dir)) {
+    const ModelInfo& info = model_->info();
+    summary_.model_dir = dir;
+    summary_.model_type = info.model_type;
+    summary_.num_layers = info.num_layers;
+    summary_.num_kv_heads = info.num_kv_heads;
+    summary_.head_dim = info.head_dim;
+    summary_.vocab_size = info.vocab_size;
+    summary_.context_length = info.max_position_embeddings;
+    const auto& config = tokenizer_->config();
+    if (!config.chat_template.empty()) chat_template_ = ChatTemplate::parse(config.chat_template);
+
+    std::vector<int32_t> eos = info.eos_token_ids;
+    for (int32_t id : config.eos_token_ids) {
+      if (std::find(eos.begin(), eos.end(), id) == eos.end()) eos.push_back(id);
+    }
+    const auto specs = model_->layer_specs();
+    scheduler_ = std::make_unique<Scheduler>(
+        *model_, *tokenizer_, std::move(eos), options,
+        [specs](const ResolvedKV& kv) { return make_layer_caches(specs, kv); });
+    scheduler_->start();
+  }
+
+  const ModelSummary& summary() const override { return summary_; }
+  const EngineOptions& options() const override { return options_; }
+
+  std::vector<int32_t> encode(const std::string& text, bool add_special_tokens) const override {
+    return tokenizer_->encode(text, add_special_tokens);
+  }
+  std::string decode(std::span<const int32_t> ids) const override {
+    return tokenizer_->decode(ids, /*skip_special_tokens=*/true);
+  }
+
+  std::string apply_chat_template(const std::vector<ChatMessage>& messages) const override {
+    if (!chat_template_) {
+      throw InvalidArgument(str_cat("the model in ", summary_.model_dir,
+                                    " has no chat_template in tokenizer_config.json"));
+    }
+    nlohmann::json vars;
+    vars["messages"] = nlohmann::json::array();
+    for (const auto& m : messages) {
+      vars["messages"].push_back({{"role", m.role}, {"content", m.content}});
+    }
+    vars["add_generation_prompt"] = true;
+    const auto& config = tokenizer_->config();
+    vars["bos_token"] = config.bos_token.value_or("");
+    vars["eos_token"] = config.eos_token.value_or("");
+    try {
+      return chat_template_->render(vars);
+    } catch (const TemplateError& e) {
+      throw InvalidArgument(str_cat("the chat template rejected the messages: ", e.what()));
+    }
+  }
+
+  std::vector<int32_t> chat_stop_token_ids() const override {
+    std::vector<int32_t> ids;
+    for (const char* token : {"<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>"}) {
+      if (auto id = tokenizer_->token_to_id(token); id && tokenizer_->is_special(*id)) {
+        ids.push_back(*id);
+      }
+    }
+    return ids;
+  }
+
+  std::unique_ptr<GenerationStream> submit(std::vector<int32_t> prompt_tokens,
+                                           const GenerateOptions& options) override {
+    return scheduler_->submit(std::move(prompt_tokens), options);
+  }
+
+  EngineMetrics metrics() const override { return scheduler_->metrics(); }
+
+ private:
+  EngineOptions options_;
+  ModelSummary summary_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::optional<ChatTemplate> chat_template_;
+  std::unique_ptr<Scheduler> scheduler_;  // last: its thread stops before the model goes
+};
+
+}  // namespace
+
+std::unique_ptr<Engine> Engine::load(const std::string& model_dir, const EngineOptions& options) {
+  resolve_kv_options(options.kv);  // bad options fail before the model is read
+  if (!std::filesystem::is_directory(model_dir)) {
+    throw IoError(str_cat("model directory '", model_dir, "' does not exist"));
+  }
+  return std::make_unique<EngineImpl>(model_dir, options);
+}
+
+}  // namespace turbokv

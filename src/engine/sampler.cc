@@ -1,0 +1,151 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <unordered_set>
+
+#include "core/error.h"
+
+namespace turbokv {
+
+void validate_sampling(const SamplingOptions& o) {
+  if (!std::isfinite(o.temperature) || o.temperature < 0) {
+    throw InvalidArgument(str_cat("temperature=", o.temperature, " must be a number >= 0"));
+  }
+  if (o.top_k < 0) throw InvalidArgument(str_cat("top_k=", o.top_k, " must be >= 0 (0: off)"));
+  if (!std::isfinite(o.top_p) || o.top_p <= 0 || o.top_p > 1) {
+    throw InvalidArgument(str_cat("top_p=", o.top_p, " must be in (0, 1]"));
+  }
+  if (!std::isfinite(o.min_p) || o.min_p < 0 || o.min_p > 1) {
+    throw InvalidArgument(str_cat("min_p=", o.min_p, " must be in [0, 1]"));
+  }
+  if (!std::isfinite(o.repetition_penalty) || o.repetition_penalty <= 0) {
+    throw InvalidArgument(
+        str_cat("repetition_penalty=", o.repetition_penalty, " must be > 0 (1: off)"));
+  }
+  if (o.repetition_context < 0) {
+    throw InvalidArgument(str_cat("repetition_context=", o.repetition_context, " must be >= 0"));
+  }
+}
+
+namespace {
+
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+uint64_t rotl(uint64_t x, int k) {
+  return (x << k) | (x >> (64 - k));
+}
+
+}  // namespace
+
+Rng::Rng(uint64_t seed) {
+  for (auto& s : s_) s = splitmix64(seed);
+}
+
+uint64_t Rng::next() {
+  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+double Rng::uniform() {
+  return static_cast<double>(next() >> 11) * 0x1.0p-53;
+}
+
+int32_t argmax(std::span<const float> logits) {
+  int32_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i) {
+    if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
+  }
+  return best;
+}
+
+Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) {
+  validate_sampling(options);
+}
+
+int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> history) {
+  if (options_.repetition_penalty != 1.0 && options_.repetition_context > 0) {
+    const size_t n = std::min<size_t>(history.size(), options_.repetition_context);
+    std::unordered_set<int32_t> seen(history.end() - n, history.end());
+    const float penalty = static_cast<float>(options_.repetition_penalty);
+    for (int32_t id : seen) {
+      if (id < 0 || static_cast<size_t>(id) >= logits.size()) continue;
+      float& l = logits[id];
+      l = l > 0 ? l / penalty : l * penalty;
+    }
+  }
+  if (options_.temperature == 0) return argmax(logits);
+
+  // Candidates sorted by logit, highest first (ties: lower id first), then cut by top-k.
+  candidates_.clear();
+  for (size_t i = 0; i < logits.size(); ++i) {
+    candidates_.emplace_back(logits[i], static_cast<int32_t>(i));
+  }
+  const auto by_logit = [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  size_t n = candidates_.size();
+  if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < n) {
+    n = options_.top_k;
+    std::partial_sort(candidates_.begin(), candidates_.begin() + n, candidates_.end(), by_logit);
+    candidates_.resize(n);
+  } else {
+    std::sort(candidates_.begin(), candidates_.end(), by_logit);
+  }
+
+  // Softmax at the temperature, in double for a stable sum.
+  const double inv_t = 1.0 / options_.temperature;
+  const double max_logit = candidates_[0].first;
+  std::vector<double> probs(n);  // [n] descending
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    probs[i] = std::exp((candidates_[i].first - max_logit) * inv_t);
+    sum += probs[i];
+  }
+  for (double& p : probs) p /= sum;
+
+  // top-p: the smallest prefix whose mass reaches top_p (at least one token).
+  size_t keep = n;
+  if (options_.top_p < 1.0) {
+    double mass = 0;
+    for (size_t i = 0; i < n; ++i) {
+      mass += probs[i];
+      if (mass >= options_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  // min-p: drop tokens below min_p times the most likely one.
+  if (options_.min_p > 0) {
+    const double floor = options_.min_p * probs[0];
+    size_t i = 1;
+    while (i < keep && probs[i] >= floor) ++i;
+    keep = i;
+  }
+
+  double kept_mass = 0;
+  for (size_t i = 0; i < keep; ++i) kept_mass += probs[i];
+  const double r = rng_.uniform() * kept_mass;
+  double acc = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    acc += probs[i];
+    if (r < acc) return candidates_[i].second;
+  }
+  return candidates_[keep - 1].second;
+}
+
+}  // namespace turbokv

@@ -1,0 +1,398 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+#include "engine/sampler.h"
+#include "engine/stop_strings.h"
+
+namespace turbokv {
+
+using Clock = std::chrono::steady_clock;
+
+size_t dense_kv_bytes(const std::vector<LayerSpec>& layers, int64_t tokens) {
+  size_t per_token = 0;
+  for (const auto& l : layers) per_token += size_t(l.kv_heads) * l.head_dim * 2 /*K,V*/ * 2;
+  return per_token * static_cast<size_t>(tokens);
+}
+
+struct Scheduler::Request {
+  uint64_t id = 0;
+  std::vector<int32_t> prompt;
+  GenerateOptions options;
+  ResolvedKV kv;
+  std::atomic<bool> cancelled{false};
+
+  std::mutex mu;  // guards the mailbox below
+  std::condition_variable cv;
+  std::deque<GenerationChunk> chunks;
+  std::exception_ptr error;
+
+  void post(GenerationChunk chunk) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      chunks.push_back(std::move(chunk));
+    }
+    cv.notify_one();
+  }
+  void fail(std::exception_ptr e) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      error = std::move(e);
+    }
+    cv.notify_one();
+  }
+};
+
+struct Scheduler::Sequence {
+  Sequence(std::shared_ptr<Request> r, LayerCaches c, const Tokenizer& tokenizer)
+      : req(std::move(r)),
+        caches(std::move(c)),
+        sampler(req->options.sampling),
+        decoder(tokenizer, /*skip_special_tokens=*/true),
+        stops(req->options.stop),
+        history(req->prompt) {}
+
+  std::shared_ptr<Request> req;
+  LayerCaches caches;
+  Sampler sampler;
+  StreamDecoder decoder;
+  StopStringMatcher stops;
+  std::vector<int32_t> history;  // prompt + generated tokens
+  int64_t prefilled = 0;         // prompt tokens in the caches
+  int64_t generated = 0;         // sampled tokens, stopping EOS excluded
+  std::vector<float> logits;     // [vocab] of the last token fed
+  bool started = false, done = false;
+  Clock::time_point t_start, t_first_token, t_last_token;
+};
+
+namespace {
+
+class Stream : public GenerationStream {
+ public:
+  explicit Stream(std::shared_ptr<Scheduler::Request> req) : req_(std::move(req)) {}
+  ~Stream() override {
+    if (!finished_) cancel();
+  }
+
+  bool next(GenerationChunk* chunk) override;
+  void cancel() override;
+
+ private:
+  std::shared_ptr<Scheduler::Request> req_;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+// Stream's members need Request's definition, which is local to this file.
+bool Stream::next(GenerationChunk* chunk) {
+  if (finished_) return false;
+  std::unique_lock<std::mutex> lock(req_->mu);
+  req_->cv.wait(lock, [&] { return !req_->chunks.empty() || req_->error; });
+  if (req_->chunks.empty()) {
+    finished_ = true;
+    std::rethrow_exception(req_->error);
+  }
+  *chunk = std::move(req_->chunks.front());
+  req_->chunks.pop_front();
+  if (chunk->done) finished_ = true;
+  return true;
+}
+
+void Stream::cancel() {
+  req_->cancelled = true;
+}
+
+Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, std::vector<int32_t> eos_ids,
+                     const EngineOptions& options, CacheFactory make_caches)
+    : model_(model),
+      tokenizer_(tokenizer),
+      eos_ids_(std::move(eos_ids)),
+      options_(options),
+      make_caches_(std::move(make_caches)),
+      layer_specs_(model.layer_specs()),
+      context_length_(model.info().max_position_embeddings),
+      vocab_size_(model.info().vocab_size) {
+  if (options.max_sequences < 1) {
+    throw InvalidArgument(str_cat("max_sequences=", options.max_sequences, " must be >= 1"));
+  }
+  if (options.max_waiting < 0) {
+    throw InvalidArgument(str_cat("max_waiting=", options.max_waiting, " must be >= 0"));
+  }
+  if (options.prefill_chunk < 1) {
+    throw InvalidArgument(str_cat("prefill_chunk=", options.prefill_chunk, " must be >= 1"));
+  }
+  if (options.max_batch_tokens <= options.max_sequences) {
+    throw InvalidArgument(str_cat("max_batch_tokens=", options.max_batch_tokens,
+                                  " must exceed max_sequences=", options.max_sequences,
+                                  " so prefill can progress while every sequence decodes"));
+  }
+  resolve_kv_options(options.kv);
+  if (context_length_ <= 0) context_length_ = INT64_MAX;
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  for (auto& seq : active_) finish(*seq, FinishReason::kCancelled, "", -1);
+  for (auto& req : waiting_) {
+    GenerationChunk chunk;
+    chunk.done = true;
+    chunk.finish_reason = FinishReason::kCancelled;
+    req->post(std::move(chunk));
+  }
+}
+
+void Scheduler::start() {
+  thread_ = std::thread([this] { run(); });
+}
+
+std::unique_ptr<GenerationStream> Scheduler::submit(std::vector<int32_t> prompt,
+                                                    const GenerateOptions& options) {
+  if (prompt.empty()) throw InvalidArgument("the prompt is empty: it needs at least one token");
+  if (static_cast<int64_t>(prompt.size()) > context_length_) {
+    throw InvalidArgument(str_cat("the prompt has ", prompt.size(),
+                                  " tokens, more than the model's context of ", context_length_,
+                                  " tokens"));
+  }
+  check_token_ids(prompt, "prompt");
+  check_token_ids(options.forced_tokens, "forced_tokens");
+  if (options.max_tokens < 1) {
+    throw InvalidArgument(str_cat("max_tokens=", options.max_tokens, " must be >= 1"));
+  }
+  validate_sampling(options.sampling);
+
+  auto req = std::make_shared<Request>();
+  req->kv = resolve_kv_options(options.kv.value_or(options_.kv));
+  req->prompt = std::move(prompt);
+  req->options = options;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (static_cast<int64_t>(waiting_.size()) >= options_.max_waiting) {
+      throw Overloaded(str_cat("the request queue is full (", options_.max_waiting,
+                               " waiting requests); retry later"));
+    }
+    req->id = next_id_++;
+    waiting_.push_back(req);
+    ++metrics_.requests_total;
+    metrics_.prompt_tokens_total += static_cast<int64_t>(req->prompt.size());
+    metrics_.waiting_requests = static_cast<int64_t>(waiting_.size());
+  }
+  cv_.notify_one();
+  return std::make_unique<Stream>(req);
+}
+
+void Scheduler::check_token_ids(std::span<const int32_t> ids, const char* what) const {
+  for (int32_t id : ids) {
+    if (id < 0 || id >= vocab_size_) {
+      throw InvalidArgument(
+          str_cat(what, ": token id ", id, " is outside the vocabulary [0, ", vocab_size_, ")"));
+    }
+  }
+}
+
+EngineMetrics Scheduler::metrics() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return metrics_;
+}
+
+void Scheduler::run() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !waiting_.empty() || !active_.empty(); });
+      if (stop_) return;
+    }
+    step();
+  }
+}
+
+void Scheduler::admit_waiting() {
+  std::vector<std::shared_ptr<Request>> admitted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!waiting_.empty() &&
+           static_cast<int>(active_.size() + admitted.size()) < options_.max_sequences) {
+      admitted.push_back(std::move(waiting_.front()));
+      waiting_.pop_front();
+    }
+    metrics_.waiting_requests = static_cast<int64_t>(waiting_.size());
+  }
+  for (auto& req : admitted) {
+    try {
+      active_.push_back(std::make_unique<Sequence>(req, make_caches_(req->kv), tokenizer_));
+    } catch (...) {
+      req->fail(std::current_exception());
+      std::lock_guard<std::mutex> lock(mu_);
+      ++metrics_.requests_failed;
+    }
+  }
+}
+
+GenerationStats Scheduler::stats_of(const Sequence& seq) const {
+  GenerationStats s;
+  s.prompt_tokens = static_cast<int64_t>(seq.req->prompt.size());
+  s.generated_tokens = seq.generated;
+  s.kv = seq.req->kv;
+  if (seq.generated > 0) {
+    s.prompt_seconds = std::chrono::duration<double>(seq.t_first_token - seq.t_start).count();
+    s.generation_seconds =
+        std::chrono::duration<double>(seq.t_last_token - seq.t_first_token).count();
+    if (s.prompt_seconds > 0) s.prompt_tps = s.prompt_tokens / s.prompt_seconds;
+    if (s.generation_seconds > 0) s.generation_tps = (seq.generated - 1) / s.generation_seconds;
+  }
+  if (!seq.caches.empty()) {
+    s.cached_tokens = seq.caches.front()->size();
+    for (const auto& c : seq.caches) s.kv_bytes += c->nbytes();
+  }
+  s.kv_bytes_dense = dense_kv_bytes(layer_specs_, s.cached_tokens);
+  return s;
+}
+
+void Scheduler::finish(Sequence& seq, FinishReason reason, std::string text, int32_t token) {
+  if (reason != FinishReason::kCancelled) {
+    bool stopped = false;
+    text += seq.stops.push(seq.decoder.flush(), &stopped);
+    if (!stopped) text += seq.stops.flush();
+  }
+  GenerationChunk chunk;
+  chunk.text = std::move(text);
+  chunk.token = token;
+  chunk.prompt_processed = seq.prefilled;
+  chunk.done = true;
+  chunk.finish_reason = reason;
+  chunk.stats = stats_of(seq);
+  seq.done = true;
+  seq.req->post(std::move(chunk));
+}
+
+void Scheduler::on_token(Sequence& seq, int32_t token) {
+  const auto now = Clock::now();
+  if (seq.generated == 0) seq.t_first_token = now;
+  seq.t_last_token = now;
+  const auto& opt = seq.req->options;
+  const bool is_stop_token =
+      !opt.ignore_eos && (std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end() ||
+                          std::find(opt.stop_token_ids.begin(), opt.stop_token_ids.end(), token) !=
+                              opt.stop_token_ids.end());
+  if (is_stop_token) {
+    finish(seq, FinishReason::kStop, "", -1);
+    return;
+  }
+  const auto& forced = opt.forced_tokens;
+  const bool force = seq.generated < static_cast<int64_t>(forced.size());
+  seq.history.push_back(force ? forced[seq.generated] : token);
+  ++seq.generated;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++metrics_.generated_tokens_total;
+  }
+  bool stopped = false;
+  std::string text = seq.stops.push(seq.decoder.push(token), &stopped);
+  if (stopped) {
+    finish(seq, FinishReason::kStop, std::move(text), token);
+  } else if (seq.generated >= opt.max_tokens || seq.caches.front()->size() >= context_length_) {
+    finish(seq, FinishReason::kLength, std::move(text), token);
+  } else {
+    GenerationChunk chunk;
+    chunk.text = std::move(text);
+    chunk.token = token;
+    chunk.prompt_processed = seq.prefilled;
+    chunk.stats = stats_of(seq);
+    seq.req->post(std::move(chunk));
+  }
+}
+
+void Scheduler::step() {
+  admit_waiting();
+  for (auto& seq : active_) {
+    if (seq->req->cancelled) finish(*seq, FinishReason::kCancelled, "", -1);
+  }
+  std::erase_if(active_, [](const auto& s) { return s->done; });
+  if (active_.empty()) return;
+
+  // Decode tokens first (one per sequence), then prompt chunks within the token budget.
+  std::vector<Model::Chunk> chunks;
+  std::vector<Sequence*> batch;
+  int budget = options_.max_batch_tokens;
+  for (auto& seq : active_) {
+    if (seq->prefilled < static_cast<int64_t>(seq->req->prompt.size())) continue;
+    Model::Chunk c;
+    c.tokens = &seq->history.back();
+    c.n_tokens = 1;
+    chunks.push_back(c);
+    batch.push_back(seq.get());
+    --budget;
+  }
+  for (auto& seq : active_) {
+    const int64_t remaining = static_cast<int64_t>(seq->req->prompt.size()) - seq->prefilled;
+    if (remaining == 0 || budget <= 0) continue;
+    Model::Chunk c;
+    c.tokens = seq->req->prompt.data() + seq->prefilled;
+    c.n_tokens = static_cast<int>(std::min<int64_t>({remaining, options_.prefill_chunk, budget}));
+    chunks.push_back(c);
+    batch.push_back(seq.get());
+    budget -= c.n_tokens;
+    if (!seq->started) {
+      seq->started = true;
+      seq->t_start = Clock::now();
+    }
+  }
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    batch[i]->logits.resize(vocab_size_);
+    chunks[i].caches = &batch[i]->caches;
+    chunks[i].logits = batch[i]->logits.data();
+  }
+
+  try {
+    model_.forward(chunks);
+  } catch (...) {
+    // The batch's caches may be half-written: those sequences fail, the others never ran.
+    const auto error = std::current_exception();
+    for (Sequence* seq : batch) {
+      seq->done = true;
+      seq->req->fail(error);
+    }
+    std::erase_if(active_, [](const auto& s) { return s->done; });
+    std::lock_guard<std::mutex> lock(mu_);
+    metrics_.requests_failed += static_cast<int64_t>(batch.size());
+    return;
+  }
+
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    Sequence& seq = *batch[i];
+    const int64_t prompt_size = static_cast<int64_t>(seq.req->prompt.size());
+    if (seq.prefilled < prompt_size) {
+      seq.prefilled += chunks[i].n_tokens;
+      if (seq.prefilled < prompt_size) {
+        GenerationChunk progress;
+        progress.prompt_processed = seq.prefilled;
+        progress.stats = stats_of(seq);
+        seq.req->post(std::move(progress));
+        continue;
+      }
+    }
+    on_token(seq, seq.sampler.sample(seq.logits, seq.history));
+  }
+  std::erase_if(active_, [](const auto& s) { return s->done; });
+
+  size_t kv_bytes = 0, kv_dense = 0;
+  for (const auto& seq : active_) {
+    const auto s = stats_of(*seq);
+    kv_bytes += s.kv_bytes;
+    kv_dense += s.kv_bytes_dense;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ++metrics_.forward_passes;
+  metrics_.active_sequences = static_cast<int64_t>(active_.size());
+  metrics_.kv_bytes = kv_bytes;
+  metrics_.kv_bytes_dense = kv_dense;
+}
+
+}  // namespace turbokv

@@ -1,0 +1,264 @@
+// The `turbokv` Python module, mirroring mlx-vlm's API:
+//   model, processor = turbokv.load(path=None, kv_bits=3.5, kv_quant_scheme="turboquant")
+//   text = turbokv.generate(model, processor, prompt, kv_bits=3.5, max_tokens=200)
+//   for chunk in turbokv.stream_generate(model, processor, prompt): print(chunk.text, end="")
+// KV options given to load() are the defaults; the same options given to generate() override
+// them for that call. InvalidArgument -> ValueError, other errors -> RuntimeError. Generation
+// runs with the GIL released.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "core/error.h"
+#include "turbokv/engine.h"
+
+namespace py = pybind11;
+
+namespace turbokv::python {
+namespace {
+
+struct PyModel {
+  std::shared_ptr<Engine> engine;
+};
+
+struct Processor {
+  std::shared_ptr<Engine> engine;
+
+  std::vector<int32_t> encode(const std::string& text, bool add_special_tokens) const {
+    return engine->encode(text, add_special_tokens);
+  }
+  std::string decode(const std::vector<int32_t>& ids) const { return engine->decode(ids); }
+  std::string apply_chat_template(const py::list& messages) const {
+    std::vector<ChatMessage> m;
+    for (const auto& item : messages) {
+      const auto d = item.cast<py::dict>();
+      m.push_back({d["role"].cast<std::string>(), d["content"].cast<std::string>()});
+    }
+    return engine->apply_chat_template(m);
+  }
+};
+
+// One streamed piece, named like mlx-vlm's GenerationResult.
+struct GenerationResponse {
+  std::string text;
+  int32_t token = -1;
+  int64_t prompt_tokens = 0, generation_tokens = 0;
+  double prompt_tps = 0, generation_tps = 0;
+  size_t kv_bytes = 0, kv_bytes_dense = 0;
+  std::string kv_scheme, finish_reason;
+  double kv_key_bits = 16, kv_value_bits = 16;
+  int64_t cached_tokens = 0;  // tokens held in the KV cache (prompt + generated - 1 at the end)
+};
+
+GenerationResponse response_of(const GenerationChunk& c) {
+  GenerationResponse r;
+  r.text = c.text;
+  r.token = c.token;
+  r.prompt_tokens = c.stats.prompt_tokens;
+  r.generation_tokens = c.stats.generated_tokens;
+  r.prompt_tps = c.stats.prompt_tps;
+  r.generation_tps = c.stats.generation_tps;
+  r.kv_bytes = c.stats.kv_bytes;
+  r.kv_bytes_dense = c.stats.kv_bytes_dense;
+  r.kv_scheme = kv_scheme_name(c.stats.kv.scheme);
+  r.kv_key_bits = c.stats.kv.key_bits;
+  r.kv_value_bits = c.stats.kv.value_bits;
+  r.cached_tokens = c.stats.cached_tokens;
+  if (c.done) r.finish_reason = finish_reason_name(c.finish_reason);
+  return r;
+}
+
+// kv_bits and friends: a number, a numeric string, or None (not given).
+std::optional<double> bits_arg(const py::object& value, const char* name) {
+  if (value.is_none()) return std::nullopt;
+  if (py::isinstance<py::str>(value)) return parse_kv_bits(value.cast<std::string>(), name);
+  if (py::isinstance<py::bool_>(value) ||
+      !(py::isinstance<py::int_>(value) || py::isinstance<py::float_>(value))) {
+    throw InvalidArgument(
+        str_cat(name, " must be a number, got ", py::str(value.get_type()).cast<std::string>()));
+  }
+  return value.cast<double>();
+}
+
+// Applies the KV keyword arguments that were given (not None) on top of base.
+KVOptions kv_options(KVOptions kv, const py::kwargs& kw) {
+  auto get = [&](const char* name) -> py::object {
+    return kw.contains(name) ? py::object(kw[name]) : py::object(py::none());
+  };
+  if (auto b = bits_arg(get("kv_bits"), "kv_bits")) kv.kv_bits = b;
+  if (auto b = bits_arg(get("kv_key_bits"), "kv_key_bits")) kv.kv_key_bits = b;
+  if (auto b = bits_arg(get("kv_value_bits"), "kv_value_bits")) kv.kv_value_bits = b;
+  if (auto s = get("kv_quant_scheme"); !s.is_none()) kv.kv_quant_scheme = s.cast<std::string>();
+  if (auto g = get("kv_group_size"); !g.is_none()) kv.kv_group_size = g.cast<int>();
+  if (auto s = get("quantized_kv_start"); !s.is_none()) kv.quantized_kv_start = s.cast<int64_t>();
+  if (auto s = get("kv_seed"); !s.is_none()) kv.seed = s.cast<uint64_t>();
+  resolve_kv_options(kv);
+  return kv;
+}
+
+const char* const kKVArgs[] = {"kv_bits",         "kv_key_bits",   "kv_value_bits",
+                               "kv_quant_scheme", "kv_group_size", "quantized_kv_start",
+                               "kv_seed"};
+const char* const kGenerateArgs[] = {"max_tokens", "temperature", "top_p",
+                                     "top_k",      "min_p",       "repetition_penalty",
+                                     "seed",       "stop",        "ignore_eos"};
+
+void check_kwargs(const py::kwargs& kw, bool generation) {
+  for (const auto& [key, value] : kw) {
+    const std::string name = key.cast<std::string>();
+    bool known = std::find(std::begin(kKVArgs), std::end(kKVArgs), name) != std::end(kKVArgs);
+    if (generation) {
+      known = known || std::find(std::begin(kGenerateArgs), std::end(kGenerateArgs), name) !=
+                           std::end(kGenerateArgs);
+    }
+    if (!known) throw py::type_error(str_cat("unexpected keyword argument '", name, "'"));
+  }
+}
+
+GenerateOptions generate_options(const Engine& engine, const py::kwargs& kw) {
+  check_kwargs(kw, /*generation=*/true);
+  GenerateOptions o;
+  auto arg = [&](const char* name) { return kw.contains(name) && !kw[name].is_none(); };
+  if (arg("max_tokens")) o.max_tokens = kw["max_tokens"].cast<int>();
+  if (arg("temperature")) o.sampling.temperature = kw["temperature"].cast<double>();
+  if (arg("top_p")) o.sampling.top_p = kw["top_p"].cast<double>();
+  if (arg("top_k")) o.sampling.top_k = kw["top_k"].cast<int>();
+  if (arg("min_p")) o.sampling.min_p = kw["min_p"].cast<double>();
+  if (arg("repetition_penalty")) {
+    o.sampling.repetition_penalty = kw["repetition_penalty"].cast<double>();
+  }
+  if (arg("seed")) o.sampling.seed = kw["seed"].cast<uint64_t>();
+  if (arg("stop")) {
+    if (py::isinstance<py::str>(kw["stop"])) {
+      o.stop = {kw["stop"].cast<std::string>()};
+    } else {
+      o.stop = kw["stop"].cast<std::vector<std::string>>();
+    }
+  }
+  if (arg("ignore_eos")) o.ignore_eos = kw["ignore_eos"].cast<bool>();
+  o.kv = kv_options(engine.options().kv, kw);
+  return o;
+}
+
+std::vector<int32_t> prompt_tokens(const Engine& engine, const py::object& prompt) {
+  if (py::isinstance<py::str>(prompt)) return engine.encode(prompt.cast<std::string>());
+  return prompt.cast<std::vector<int32_t>>();
+}
+
+// Iterator over a running request; dropping it cancels the request.
+class StreamIterator {
+ public:
+  StreamIterator(std::shared_ptr<Engine> engine, std::unique_ptr<GenerationStream> stream)
+      : engine_(std::move(engine)), stream_(std::move(stream)) {}
+
+  GenerationResponse next() {
+    GenerationChunk chunk;
+    bool more = false;
+    {
+      py::gil_scoped_release release;
+      do {
+        more = stream_->next(&chunk);
+      } while (more && chunk.token < 0 && !chunk.done);  // skip prefill progress
+    }
+    if (!more) throw py::stop_iteration();
+    return response_of(chunk);
+  }
+
+ private:
+  std::shared_ptr<Engine> engine_;  // outlives the stream
+  std::unique_ptr<GenerationStream> stream_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(turbokv, m) {
+  m.doc() = "turbokv: LLM inference with TurboQuant KV-cache compression";
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const InvalidArgument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  });
+
+  py::class_<PyModel>(m, "Model")
+      .def_property_readonly("model_dir",
+                             [](const PyModel& s) { return s.engine->summary().model_dir; })
+      .def_property_readonly("model_type",
+                             [](const PyModel& s) { return s.engine->summary().model_type; })
+      .def_property_readonly("num_layers",
+                             [](const PyModel& s) { return s.engine->summary().num_layers; })
+      .def_property_readonly("context_length",
+                             [](const PyModel& s) { return s.engine->summary().context_length; })
+      .def_property_readonly("kv_scheme", [](const PyModel& s) {
+        return kv_scheme_name(resolve_kv_options(s.engine->options().kv).scheme);
+      });
+
+  py::class_<Processor>(m, "Processor")
+      .def("encode", &Processor::encode, py::arg("text"), py::arg("add_special_tokens") = true)
+      .def("decode", &Processor::decode, py::arg("ids"))
+      .def("apply_chat_template", &Processor::apply_chat_template, py::arg("messages"),
+           "Renders [{'role': ..., 'content': ...}] with the model's chat template");
+
+  py::class_<GenerationResponse>(m, "GenerationResponse")
+      .def_readonly("text", &GenerationResponse::text)
+      .def_readonly("token", &GenerationResponse::token)
+      .def_readonly("prompt_tokens", &GenerationResponse::prompt_tokens)
+      .def_readonly("generation_tokens", &GenerationResponse::generation_tokens)
+      .def_readonly("prompt_tps", &GenerationResponse::prompt_tps)
+      .def_readonly("generation_tps", &GenerationResponse::generation_tps)
+      .def_readonly("kv_bytes", &GenerationResponse::kv_bytes)
+      .def_readonly("kv_bytes_dense", &GenerationResponse::kv_bytes_dense)
+      .def_readonly("kv_scheme", &GenerationResponse::kv_scheme)
+      .def_readonly("kv_key_bits", &GenerationResponse::kv_key_bits)
+      .def_readonly("kv_value_bits", &GenerationResponse::kv_value_bits)
+      .def_readonly("cached_tokens", &GenerationResponse::cached_tokens)
+      .def_readonly("finish_reason", &GenerationResponse::finish_reason);
+
+  py::class_<StreamIterator>(m, "StreamIterator")
+      .def("__iter__", [](StreamIterator& it) -> StreamIterator& { return it; })
+      .def("__next__", &StreamIterator::next);
+
+  m.def(
+      "load",
+      [](const py::object& path, const py::kwargs& kw) {
+        check_kwargs(kw, /*generation=*/false);
+        EngineOptions options;
+        options.kv = kv_options(KVOptions{}, kw);
+        const std::string dir =
+            path.is_none() ? std::string(TURBOKV_DEFAULT_MODEL_DIR) : path.cast<std::string>();
+        std::shared_ptr<Engine> engine;
+        {
+          py::gil_scoped_release release;
+          engine = Engine::load(dir, options);
+        }
+        return py::make_tuple(PyModel{engine}, Processor{engine});
+      },
+      py::arg("path") = py::none(),
+      "load(path=None, **kv_options) -> (model, processor); path defaults to the shipped model");
+
+  m.def(
+      "generate",
+      [](const PyModel& model, const Processor&, const py::object& prompt, const py::kwargs& kw) {
+        const auto options = generate_options(*model.engine, kw);
+        auto tokens = prompt_tokens(*model.engine, prompt);
+        py::gil_scoped_release release;
+        return model.engine->generate(std::move(tokens), options).text;
+      },
+      py::arg("model"), py::arg("processor"), py::arg("prompt"),
+      "generate(model, processor, prompt, max_tokens=256, temperature=0.0, top_p=1.0, top_k=0, "
+      "min_p=0.0, repetition_penalty=1.0, seed=0, stop=None, kv_bits=None, ...) -> str");
+
+  m.def(
+      "stream_generate",
+      [](const PyModel& model, const Processor&, const py::object& prompt, const py::kwargs& kw) {
+        const auto options = generate_options(*model.engine, kw);
+        auto stream = model.engine->submit(prompt_tokens(*model.engine, prompt), options);
+        return StreamIterator(model.engine, std::move(stream));
+      },
+      py::arg("model"), py::arg("processor"), py::arg("prompt"),
+      "stream_generate(...) -> iterator of GenerationResponse (.text, .token, stats)");
+}
+
+}  // namespace turbokv::python

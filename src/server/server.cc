@@ -1,0 +1,304 @@
+#include "server/server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <ctime>
+#include <nlohmann/json.hpp>
+
+#include "server/openai.h"
+
+namespace turbokv::server {
+
+using nlohmann::json;
+
+struct Server::Impl {
+  Impl(Engine& e, ServerOptions o)
+      : engine(e), options(std::move(o)), created(std::time(nullptr)) {}
+
+  Engine& engine;
+  ServerOptions options;
+  httplib::Server http;
+  int64_t created;
+  std::atomic<int64_t> next_id{1};
+  std::atomic<int64_t> http_requests{0}, http_errors{0};
+
+  void install_routes();
+  void completion(const httplib::Request& req, httplib::Response& res, bool chat);
+  std::string metrics_text() const;
+};
+
+namespace {
+
+void send_error(httplib::Response& res, int status, const std::string& message,
+                const std::string& type, const std::optional<std::string>& param = std::nullopt,
+                const std::optional<std::string>& code = std::nullopt) {
+  res.status = status;
+  res.set_content(error_body(message, type, param, code).dump(), "application/json");
+}
+
+// Runs a handler, turning every exception into an OpenAI error response.
+template <typename Fn>
+httplib::Server::Handler guarded(Fn fn) {
+  return [fn](const httplib::Request& req, httplib::Response& res) {
+    try {
+      fn(req, res);
+    } catch (const ApiError& e) {
+      send_error(res, e.status, e.what(), e.type, e.param, e.code);
+    } catch (const Overloaded& e) {
+      send_error(res, 429, e.what(), "server_busy", std::nullopt, "overloaded");
+    } catch (const InvalidArgument& e) {
+      send_error(res, 400, e.what(), "invalid_request_error", std::nullopt, "invalid_value");
+    } catch (const std::exception& e) {
+      send_error(res, 500, e.what(), "server_error");
+    }
+  };
+}
+
+std::string sse(const json& event) {
+  return "data: " + event.dump() + "\n\n";
+}
+
+}  // namespace
+
+void Server::Impl::install_routes() {
+  http.set_payload_max_length(options.max_body_bytes);
+  const int threads = options.http_threads;
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    ++http_requests;
+    const bool protected_path = req.path.rfind("/v1/", 0) == 0 || req.path == "/metrics";
+    if (options.api_key.empty() || !protected_path ||
+        req.get_header_value("Authorization") == "Bearer " + options.api_key) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    send_error(res, 401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
+               "invalid_request_error", std::nullopt, "invalid_api_key");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  // Statuses set by httplib itself (404 no route, 413 body too large, ...) get an error body.
+  http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    ++http_errors;
+    if (!res.body.empty()) return;
+    if (res.status == 404) {
+      send_error(res, 404, str_cat("unknown endpoint ", req.method, " ", req.path),
+                 "invalid_request_error", std::nullopt, "not_found");
+    } else if (res.status == 413) {
+      send_error(
+          res, 413,
+          str_cat("the request body exceeds the limit of ", options.max_body_bytes, " bytes"),
+          "invalid_request_error", std::nullopt, "request_too_large");
+    } else {
+      send_error(res, res.status, str_cat("HTTP error ", res.status),
+                 res.status >= 500 ? "server_error" : "invalid_request_error");
+    }
+  });
+  http.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+        send_error(res, 500, "internal error", "server_error");
+      });
+
+  http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(R"({"status":"ok"})", "application/json");
+  });
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    json model = {{"id", options.model_id},
+                  {"object", "model"},
+                  {"created", created},
+                  {"owned_by", "turbokv"},
+                  {"context_length", engine.summary().context_length}};
+    res.set_content(json({{"object", "list"}, {"data", json::array({model})}}).dump(),
+                    "application/json");
+  });
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_text(), "text/plain; version=0.0.4");
+  });
+  http.Post("/v1/chat/completions",
+            guarded([this](const auto& req, auto& res) { completion(req, res, /*chat=*/true); }));
+  http.Post("/v1/completions",
+            guarded([this](const auto& req, auto& res) { completion(req, res, /*chat=*/false); }));
+}
+
+void Server::Impl::completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+  const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) {
+    throw ApiError(400, "the request body is not valid JSON", "invalid_request_error", std::nullopt,
+                   "invalid_json");
+  }
+  const RequestLimits limits{options.max_tokens};
+  ApiRequest r = chat ? parse_chat_request(body, limits, engine.options().kv)
+                      : parse_completion_request(body, limits, engine.options().kv);
+  std::vector<int32_t> tokens;
+  if (chat) {
+    tokens = engine.encode(engine.apply_chat_template(r.messages), /*add_special_tokens=*/false);
+    r.options.stop_token_ids = engine.chat_stop_token_ids();
+  } else {
+    tokens = engine.encode(r.prompt, /*add_special_tokens=*/true);
+  }
+  const int64_t context = engine.summary().context_length;
+  if (context > 0 && static_cast<int64_t>(tokens.size()) > context) {
+    throw ApiError(400,
+                   str_cat("the prompt has ", tokens.size(), " tokens, more than the context of ",
+                           context, " tokens"),
+                   "invalid_request_error", chat ? "messages" : "prompt",
+                   "context_length_exceeded");
+  }
+  std::shared_ptr<GenerationStream> stream = engine.submit(std::move(tokens), r.options);
+
+  const std::string id = str_cat(chat ? "chatcmpl-" : "cmpl-", next_id++);
+  const json base = {{"id", id},
+                     {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                     {"created", static_cast<int64_t>(std::time(nullptr))},
+                     {"model", options.model_id}};
+  // One choice: a chat delta or a completion text.
+  auto choice = [chat](const std::string& text, FinishReason reason, bool with_role) {
+    json c = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+    if (reason != FinishReason::kNone) c["finish_reason"] = finish_reason_name(reason);
+    if (chat) {
+      c["delta"] = json::object();
+      if (with_role) c["delta"]["role"] = "assistant";
+      if (!text.empty() || with_role) c["delta"]["content"] = text;
+    } else {
+      c["text"] = text;
+    }
+    return c;
+  };
+
+  if (!r.stream) {
+    GenerationResult result;
+    GenerationChunk chunk;
+    while (stream->next(&chunk)) {
+      result.text += chunk.text;
+      if (chunk.done) {
+        result.finish_reason = chunk.finish_reason;
+        result.stats = chunk.stats;
+      }
+    }
+    json out = base;
+    json c = {{"index", 0},
+              {"logprobs", nullptr},
+              {"finish_reason", finish_reason_name(result.finish_reason)}};
+    if (chat) {
+      out["object"] = "chat.completion";
+      c["message"] = {{"role", "assistant"}, {"content", result.text}};
+    } else {
+      c["text"] = result.text;
+    }
+    out["choices"] = json::array({c});
+    out["usage"] = usage_json(result.stats);
+    res.set_content(out.dump(), "application/json");
+    return;
+  }
+
+  struct State {
+    bool role_sent = false;
+    bool finished = false;
+  };
+  auto state = std::make_shared<State>();
+  const bool include_usage = r.include_usage;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [=](size_t, httplib::DataSink& sink) {
+        auto write = [&sink](const std::string& s) { return sink.write(s.data(), s.size()); };
+        auto event = [&](const json& choices) {
+          json e = base;
+          e["choices"] = choices;
+          return sse(e);
+        };
+        if (chat && !state->role_sent) {
+          state->role_sent = true;
+          return write(event(json::array({choice("", FinishReason::kNone, true)})));
+        }
+        GenerationChunk c;
+        std::string out;
+        try {
+          do {
+            stream->next(&c);
+          } while (c.text.empty() && !c.done);
+        } catch (const std::exception& e) {
+          state->finished = true;
+          write(sse(error_body(e.what(), "server_error", std::nullopt, std::nullopt)));
+          write("data: [DONE]\n\n");
+          sink.done();
+          return true;
+        }
+        if (!c.text.empty())
+          out += event(json::array({choice(c.text, FinishReason::kNone, false)}));
+        if (c.done) {
+          state->finished = true;
+          out += event(json::array({choice("", c.finish_reason, false)}));
+          if (include_usage) {
+            json u = base;
+            u["choices"] = json::array();
+            u["usage"] = usage_json(c.stats);
+            out += sse(u);
+          }
+          out += "data: [DONE]\n\n";
+        }
+        if (!write(out)) return false;
+        if (c.done) sink.done();
+        return true;
+      },
+      [stream, state](bool) {
+        if (!state->finished) stream->cancel();
+      });
+}
+
+std::string Server::Impl::metrics_text() const {
+  const EngineMetrics m = engine.metrics();
+  std::string out;
+  auto metric = [&out](const char* name, const char* type, const char* help, double value) {
+    out += str_cat("# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", name, " ", value,
+                   "\n");
+  };
+  metric("turbokv_http_requests_total", "counter", "HTTP requests received", http_requests);
+  metric("turbokv_http_errors_total", "counter", "HTTP responses with status >= 400", http_errors);
+  metric("turbokv_requests_total", "counter", "generation requests accepted", m.requests_total);
+  metric("turbokv_requests_failed_total", "counter", "generation requests that failed",
+         m.requests_failed);
+  metric("turbokv_prompt_tokens_total", "counter", "prompt tokens accepted", m.prompt_tokens_total);
+  metric("turbokv_generated_tokens_total", "counter", "tokens generated", m.generated_tokens_total);
+  metric("turbokv_active_sequences", "gauge", "sequences in the batch", m.active_sequences);
+  metric("turbokv_waiting_requests", "gauge", "requests queued for a batch slot",
+         m.waiting_requests);
+  metric("turbokv_kv_bytes", "gauge", "KV cache bytes of the active sequences",
+         static_cast<double>(m.kv_bytes));
+  metric("turbokv_kv_bytes_dense", "gauge", "fp16 size of the same KV cache",
+         static_cast<double>(m.kv_bytes_dense));
+  metric("turbokv_forward_passes_total", "counter", "batched forward passes", m.forward_passes);
+  return out;
+}
+
+Server::Server(Engine& engine, ServerOptions options)
+    : impl_(std::make_unique<Impl>(engine, std::move(options))) {
+  impl_->install_routes();
+}
+
+Server::~Server() {
+  stop();
+}
+
+int Server::bind() {
+  const auto& o = impl_->options;
+  if (o.port == 0) {
+    const int port = impl_->http.bind_to_any_port(o.host);
+    if (port <= 0) throw IoError(str_cat("cannot bind a port on ", o.host));
+    return port;
+  }
+  if (!impl_->http.bind_to_port(o.host, o.port)) {
+    throw IoError(str_cat("cannot bind ", o.host, ":", o.port, " (in use or not permitted)"));
+  }
+  return o.port;
+}
+
+void Server::listen() {
+  impl_->http.listen_after_bind();
+}
+
+void Server::stop() {
+  if (impl_->http.is_running()) impl_->http.stop();
+}
+
+}  // namespace turbokv::server

@@ -1,0 +1,41 @@
+// OpenAI-compatible HTTP server over an Engine: GET /health, GET /v1/models,
+// POST /v1/chat/completions and /v1/completions (SSE streaming), GET /metrics (Prometheus text).
+// Concurrent requests are batched by the engine's scheduler; each request may override the KV
+// options (kv_bits, kv_quant_scheme, ...). Errors use OpenAI's error body.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "turbokv/engine.h"
+
+namespace turbokv::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;                      // 0 picks a free port (see Server::bind)
+  std::string api_key;                  // non-empty: /v1/* and /metrics need "Bearer <key>"
+  size_t max_body_bytes = 1 << 20;      // larger bodies get 413
+  int max_tokens = 4096;                // largest max_tokens a request may ask for
+  std::string model_id = "tinycode-llama";
+  int http_threads = 64;                // connections served at once (streams hold one each)
+};
+
+class Server {
+ public:
+  Server(Engine& engine, ServerOptions options);
+  ~Server();
+
+  // Binds the socket; returns the port (useful with port 0). Throws IoError when it cannot.
+  int bind();
+  // Serves until stop(); call after bind().
+  void listen();
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace turbokv::server

@@ -1,0 +1,131 @@
+// Sampler: greedy, seeded reproducibility, and each filter against distributions computed by hand.
+#include "engine/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "core/error.h"
+
+namespace turbokv {
+namespace {
+
+std::vector<float> log_probs(std::vector<double> p) {
+  std::vector<float> l;
+  for (double x : p) l.push_back(static_cast<float>(std::log(x)));
+  return l;
+}
+
+std::map<int32_t, double> frequencies(const SamplingOptions& o, const std::vector<float>& logits,
+                                      int draws) {
+  Sampler sampler(o);
+  std::map<int32_t, double> freq;
+  for (int i = 0; i < draws; ++i) {
+    auto l = logits;
+    freq[sampler.sample(l, {})] += 1.0 / draws;
+  }
+  return freq;
+}
+
+TEST(Sampler, TemperatureZeroIsArgmaxWithLowestIdOnTies) {
+  Sampler sampler(SamplingOptions{});
+  std::vector<float> logits = {0.1f, 3.0f, -2.0f, 3.0f};
+  EXPECT_EQ(sampler.sample(logits, {}), 1);
+}
+
+TEST(Sampler, SameSeedSameTokensOtherSeedOtherTokens) {
+  const auto logits = log_probs({0.25, 0.25, 0.25, 0.25});
+  auto draw = [&](uint64_t seed) {
+    SamplingOptions o;
+    o.temperature = 1.0;
+    o.seed = seed;
+    Sampler s(o);
+    std::vector<int32_t> out;
+    for (int i = 0; i < 64; ++i) {
+      auto l = logits;
+      out.push_back(s.sample(l, {}));
+    }
+    return out;
+  };
+  EXPECT_EQ(draw(7), draw(7));
+  EXPECT_NE(draw(7), draw(8));
+}
+
+TEST(Sampler, TemperatureOneFollowsTheSoftmax) {
+  SamplingOptions o;
+  o.temperature = 1.0;
+  auto f = frequencies(o, log_probs({0.5, 0.3, 0.2}), 40000);
+  EXPECT_NEAR(f[0], 0.5, 0.015);
+  EXPECT_NEAR(f[1], 0.3, 0.015);
+  EXPECT_NEAR(f[2], 0.2, 0.015);
+}
+
+TEST(Sampler, TemperatureTwoFlattens) {
+  SamplingOptions o;
+  o.temperature = 2.0;
+  // p^(1/2) normalised: sqrt(.5)=.7071, sqrt(.3)=.5477, sqrt(.2)=.4472 -> sum 1.7020
+  auto f = frequencies(o, log_probs({0.5, 0.3, 0.2}), 40000);
+  EXPECT_NEAR(f[0], 0.7071 / 1.7020, 0.015);
+  EXPECT_NEAR(f[2], 0.4472 / 1.7020, 0.015);
+}
+
+TEST(Sampler, TopKKeepsTheKMostLikely) {
+  SamplingOptions o;
+  o.temperature = 1.0;
+  o.top_k = 2;
+  auto f = frequencies(o, log_probs({0.2, 0.5, 0.3}), 40000);
+  EXPECT_EQ(f.count(0), 0u);
+  EXPECT_NEAR(f[1], 0.5 / 0.8, 0.015);
+}
+
+TEST(Sampler, TopPKeepsTheSmallestPrefixReachingTheMass) {
+  SamplingOptions o;
+  o.temperature = 1.0;
+  o.top_p = 0.6;  // 0.5 < 0.6 <= 0.5 + 0.3: ids 0 and 1 stay
+  auto f = frequencies(o, log_probs({0.5, 0.3, 0.2}), 40000);
+  EXPECT_EQ(f.count(2), 0u);
+  EXPECT_NEAR(f[0], 0.5 / 0.8, 0.015);
+}
+
+TEST(Sampler, MinPDropsTokensBelowAFractionOfTheBest) {
+  SamplingOptions o;
+  o.temperature = 1.0;
+  o.min_p = 0.5;  // floor 0.25: 0.3 stays, 0.2 goes
+  auto f = frequencies(o, log_probs({0.5, 0.3, 0.2}), 40000);
+  EXPECT_EQ(f.count(2), 0u);
+  EXPECT_NEAR(f[1], 0.3 / 0.8, 0.015);
+}
+
+TEST(Sampler, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogits) {
+  SamplingOptions o;
+  o.repetition_penalty = 1.5;
+  Sampler sampler(o);
+  std::vector<int32_t> history = {0, 2};
+  std::vector<float> logits = {2.0f, 1.9f, -1.0f};
+  EXPECT_EQ(sampler.sample(logits, history), 1);
+  EXPECT_FLOAT_EQ(logits[0], 2.0f / 1.5f);
+  EXPECT_FLOAT_EQ(logits[2], -1.5f);
+  o.repetition_context = 1;  // only token 2 is seen
+  Sampler recent(o);
+  logits = {2.0f, 1.9f, -1.0f};
+  EXPECT_EQ(recent.sample(logits, history), 0);
+}
+
+TEST(Sampler, OutOfRangeOptionsAreInvalidArguments) {
+  auto bad = [](auto set) {
+    SamplingOptions o;
+    set(o);
+    return o;
+  };
+  for (const auto& o :
+       {bad([](auto& o) { o.temperature = -1; }), bad([](auto& o) { o.temperature = NAN; }),
+        bad([](auto& o) { o.top_k = -2; }), bad([](auto& o) { o.top_p = 0; }),
+        bad([](auto& o) { o.top_p = 1.5; }), bad([](auto& o) { o.min_p = 2; }),
+        bad([](auto& o) { o.repetition_penalty = 0; })}) {
+    EXPECT_THROW(Sampler{o}, InvalidArgument);
+  }
+}
+
+}  // namespace
+}  // namespace turbokv

@@ -1,0 +1,285 @@
+// Continuous batching with a fake model: batched results equal solo results, prefill is chunked,
+// limits hold, every stop condition works, and a failing request does not stop the engine.
+#include "engine/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include "fakes.h"
+
+namespace turbokv {
+namespace {
+
+using testing::FakeModel;
+using testing::FakeTokenizer;
+
+// What greedy decoding of the fake model must give, computed without the scheduler.
+std::vector<int32_t> expected_tokens(std::vector<int32_t> history, int max_tokens) {
+  std::vector<int32_t> out;
+  while (static_cast<int>(out.size()) < max_tokens) {
+    const int32_t t = testing::fake_next_token(history);
+    if (t == testing::kFakeEos) break;
+    out.push_back(t);
+    history.push_back(t);
+  }
+  return out;
+}
+
+struct Harness {
+  explicit Harness(EngineOptions o = {}, int64_t context = 4096)
+      : model(context),
+        scheduler(model, tokenizer, {testing::kFakeEos}, o, testing::make_token_caches) {}
+  FakeModel model;
+  FakeTokenizer tokenizer;
+  Scheduler scheduler;
+};
+
+GenerationResult drain(GenerationStream& stream, std::vector<GenerationChunk>* all = nullptr) {
+  GenerationResult r;
+  GenerationChunk c;
+  while (stream.next(&c)) {
+    r.text += c.text;
+    if (c.token >= 0) r.tokens.push_back(c.token);
+    if (c.done) {
+      r.finish_reason = c.finish_reason;
+      r.stats = c.stats;
+    }
+    if (all) all->push_back(c);
+  }
+  return r;
+}
+
+KVOptions kv(double bits, std::string scheme = "uniform") {
+  KVOptions o;
+  o.kv_bits = bits;
+  o.kv_quant_scheme = std::move(scheme);
+  return o;
+}
+
+GenerateOptions max_tokens(int n) {
+  GenerateOptions o;
+  o.max_tokens = n;
+  return o;
+}
+
+TEST(Scheduler, SingleRequestGivesTheGreedyTokensAndText) {
+  Harness h;
+  h.scheduler.start();
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  auto r = drain(*h.scheduler.submit(prompt, max_tokens(40)));
+  const auto want = expected_tokens(prompt, 40);
+  EXPECT_EQ(r.tokens, want);
+  EXPECT_EQ(r.text, h.tokenizer.decode(want, true));
+  EXPECT_EQ(r.stats.prompt_tokens, 3);
+  EXPECT_EQ(r.stats.generated_tokens, static_cast<int64_t>(want.size()));
+  // The last sampled token is never fed back; an EOS is not counted.
+  const int64_t fed = r.finish_reason == FinishReason::kLength ? 3 + 40 - 1 : 3 + want.size();
+  EXPECT_EQ(r.stats.cached_tokens, fed);
+  EXPECT_EQ(r.stats.kv_bytes, static_cast<size_t>(fed) * 2 * 4 * 2 * 2);  // TokenCache nbytes
+  EXPECT_EQ(r.stats.kv_bytes_dense, static_cast<size_t>(fed) * 2 /*layers*/ * 4 * 2 * 2);
+}
+
+TEST(Scheduler, BatchedRequestsEqualSoloRequests) {
+  EngineOptions o;
+  o.max_sequences = 4;
+  o.prefill_chunk = 3;
+  Harness h(o);
+  std::vector<std::vector<int32_t>> prompts = {
+      {1}, {2, 3, 4, 5, 6, 7, 8}, {9, 9, 9, 9}, {3, 1, 4, 1, 5, 9, 2, 6}, {5, 5}, {7, 1, 7}};
+  std::vector<std::unique_ptr<GenerationStream>> streams;
+  for (const auto& p : prompts) streams.push_back(h.scheduler.submit(p, max_tokens(30)));
+  h.scheduler.start();  // everything is queued: the first steps batch them
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(drain(*streams[i]).tokens, expected_tokens(prompts[i], 30)) << "request " << i;
+  }
+  size_t widest = 0;
+  for (const auto& call : h.model.calls()) {
+    widest = std::max(widest, call.size());
+    for (int n : call) EXPECT_LE(n, 3);  // prefill_chunk
+  }
+  EXPECT_EQ(widest, 4u);  // max_sequences: never more, and batching did happen
+}
+
+TEST(Scheduler, LongPromptIsPrefilledInChunksWithProgress) {
+  EngineOptions o;
+  o.prefill_chunk = 4;
+  Harness h(o);
+  h.scheduler.start();
+  std::vector<GenerationChunk> chunks;
+  auto r = drain(*h.scheduler.submit({1, 2, 3, 4, 5, 6, 7, 8, 9, 1}, max_tokens(2)), &chunks);
+  ASSERT_GE(h.model.calls().size(), 3u);
+  EXPECT_EQ(h.model.calls()[0], std::vector<int>{4});
+  EXPECT_EQ(h.model.calls()[1], std::vector<int>{4});
+  EXPECT_EQ(h.model.calls()[2], std::vector<int>{2});
+  EXPECT_EQ(chunks[0].prompt_processed, 4);
+  EXPECT_EQ(chunks[0].token, -1);
+  EXPECT_EQ(chunks[1].prompt_processed, 8);
+  EXPECT_EQ(r.tokens, expected_tokens({1, 2, 3, 4, 5, 6, 7, 8, 9, 1}, 2));
+}
+
+TEST(Scheduler, DecodeTokensComeFirstAndPrefillFitsTheBudget) {
+  EngineOptions o;
+  o.max_sequences = 2;
+  o.max_batch_tokens = 5;
+  o.prefill_chunk = 100;
+  Harness h(o);
+  auto a = h.scheduler.submit({1}, max_tokens(6));
+  auto b = h.scheduler.submit(std::vector<int32_t>(12, 2), max_tokens(2));
+  h.scheduler.start();
+  drain(*a);
+  drain(*b);
+  const auto calls = h.model.calls();
+  EXPECT_EQ(calls[0], (std::vector<int>{1, 4}));  // a's prompt, b's first 4 tokens
+  EXPECT_EQ(calls[1], (std::vector<int>{1, 4}));  // a decodes, b prefills within the budget
+  for (const auto& call : calls) {
+    int total = 0;
+    for (int n : call) total += n;
+    EXPECT_LE(total, 5);
+  }
+}
+
+TEST(Scheduler, EosStopsWithoutEmittingIt) {
+  // Find a prompt whose greedy continuation hits EOS before 50 tokens.
+  std::vector<int32_t> prompt;
+  for (int32_t a = 1; a < 15 && prompt.empty(); ++a) {
+    for (int32_t b = 1; b < 15 && prompt.empty(); ++b) {
+      if (expected_tokens({a, b}, 50).size() < 50) prompt = {a, b};
+    }
+  }
+  ASSERT_FALSE(prompt.empty());
+  Harness h;
+  h.scheduler.start();
+  auto r = drain(*h.scheduler.submit(prompt, max_tokens(50)));
+  EXPECT_EQ(r.finish_reason, FinishReason::kStop);
+  EXPECT_EQ(r.tokens, expected_tokens(prompt, 50));
+
+  GenerateOptions ignore = max_tokens(50);
+  ignore.ignore_eos = true;
+  auto all = drain(*h.scheduler.submit(prompt, ignore));
+  EXPECT_EQ(all.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(all.tokens.size(), 50u);
+}
+
+TEST(Scheduler, StopStringCutsTheTextAndStreamsNoPartOfIt) {
+  Harness h;
+  h.scheduler.start();
+  const std::vector<int32_t> prompt = {4, 2};
+  const auto want = expected_tokens(prompt, 60);
+  const std::string full = h.tokenizer.decode(want, true);
+  ASSERT_GE(full.size(), 6u);
+  const std::string stop = full.substr(3, 2);  // some two characters of the output
+  GenerateOptions o = max_tokens(60);
+  o.stop = {stop};
+  std::vector<GenerationChunk> chunks;
+  auto r = drain(*h.scheduler.submit(prompt, o), &chunks);
+  EXPECT_EQ(r.finish_reason, FinishReason::kStop);
+  EXPECT_EQ(r.text, full.substr(0, full.find(stop)));
+}
+
+TEST(Scheduler, ContextLimitEndsWithLength) {
+  Harness h({}, /*context=*/12);
+  h.scheduler.start();
+  GenerateOptions o = max_tokens(100);
+  o.ignore_eos = true;
+  auto r = drain(*h.scheduler.submit(std::vector<int32_t>(10, 3), o));
+  EXPECT_EQ(r.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(r.stats.cached_tokens, 12);
+  EXPECT_EQ(r.stats.generated_tokens, 3);
+}
+
+TEST(Scheduler, TeacherForcingFeedsTheForcedTokensAndReportsTheSampledOnes) {
+  Harness h;
+  h.scheduler.start();
+  GenerateOptions o = max_tokens(6);
+  o.ignore_eos = true;
+  o.forced_tokens = {5, 6, 7, 8, 9, 1};
+  auto r = drain(*h.scheduler.submit({2, 3}, o));
+  std::vector<int32_t> history = {2, 3}, want;
+  for (int32_t forced : o.forced_tokens) {
+    want.push_back(testing::fake_next_token(history));
+    history.push_back(forced);
+  }
+  EXPECT_EQ(r.tokens, want);
+}
+
+TEST(Scheduler, BadRequestsAreInvalidArguments) {
+  Harness h({}, /*context=*/12);
+  EXPECT_THROW(h.scheduler.submit({}, max_tokens(4)), InvalidArgument);
+  EXPECT_THROW(h.scheduler.submit(std::vector<int32_t>(13, 1), max_tokens(4)), InvalidArgument);
+  EXPECT_THROW(h.scheduler.submit({1, 99}, max_tokens(4)), InvalidArgument);
+  EXPECT_THROW(h.scheduler.submit({1}, max_tokens(0)), InvalidArgument);
+  GenerateOptions forced = max_tokens(4);
+  forced.forced_tokens = {1, -1};
+  EXPECT_THROW(h.scheduler.submit({1}, forced), InvalidArgument);
+  GenerateOptions hot = max_tokens(4);
+  hot.sampling.temperature = -1;
+  EXPECT_THROW(h.scheduler.submit({1}, hot), InvalidArgument);
+  for (double bits : {0.3, 2.25, 9.0}) {
+    GenerateOptions o = max_tokens(4);
+    o.kv = kv(bits);
+    EXPECT_THROW(h.scheduler.submit({1}, o), InvalidArgument) << bits;
+  }
+  GenerateOptions foo = max_tokens(4);
+  foo.kv = kv(4, "foo");
+  EXPECT_THROW(h.scheduler.submit({1}, foo), InvalidArgument);
+}
+
+TEST(Scheduler, PerRequestKVOptionsAreResolved) {
+  Harness h;
+  h.scheduler.start();
+  GenerateOptions o = max_tokens(2);
+  o.kv = kv(3.5);
+  auto tq = drain(*h.scheduler.submit({1}, o)).stats.kv;
+  EXPECT_EQ(tq.scheme, KVScheme::kTurboQuant);
+  EXPECT_EQ(tq.key_bits, 3);
+  EXPECT_EQ(tq.value_bits, 4);
+  auto dense = drain(*h.scheduler.submit({1}, max_tokens(2))).stats.kv;
+  EXPECT_EQ(dense.scheme, KVScheme::kDense);
+}
+
+TEST(Scheduler, FullQueueIsOverloaded) {
+  EngineOptions o;
+  o.max_waiting = 2;
+  Harness h(o);
+  auto a = h.scheduler.submit({1}, max_tokens(2));
+  auto b = h.scheduler.submit({1}, max_tokens(2));
+  EXPECT_THROW(h.scheduler.submit({1}, max_tokens(2)), Overloaded);
+}
+
+TEST(Scheduler, FailingRequestReportsItsErrorAndTheEngineKeepsServing) {
+  Harness h;
+  h.scheduler.start();
+  auto bad = h.scheduler.submit({1, testing::kPoisonToken}, max_tokens(4));
+  GenerationChunk c;
+  EXPECT_THROW(while (bad->next(&c)){}, Error);
+  auto r = drain(*h.scheduler.submit({1, 2}, max_tokens(5)));
+  EXPECT_EQ(r.tokens, expected_tokens({1, 2}, 5));
+  EXPECT_EQ(h.scheduler.metrics().requests_failed, 1);
+}
+
+TEST(Scheduler, CancelEndsTheRequest) {
+  Harness h;
+  GenerateOptions o = max_tokens(1000);
+  o.ignore_eos = true;
+  auto s = h.scheduler.submit({1}, o);
+  s->cancel();
+  h.scheduler.start();
+  auto r = drain(*s);
+  EXPECT_EQ(r.finish_reason, FinishReason::kCancelled);
+  EXPECT_TRUE(r.tokens.empty());
+}
+
+TEST(Scheduler, MetricsCountRequestsAndTokens) {
+  Harness h;
+  h.scheduler.start();
+  GenerateOptions o = max_tokens(7);
+  o.ignore_eos = true;
+  drain(*h.scheduler.submit({1, 2, 3}, o));
+  drain(*h.scheduler.submit({4}, o));
+  const auto m = h.scheduler.metrics();
+  EXPECT_EQ(m.requests_total, 2);
+  EXPECT_EQ(m.prompt_tokens_total, 4);
+  EXPECT_EQ(m.generated_tokens_total, 14);
+}
+
+}  // namespace
+}  // namespace turbokv

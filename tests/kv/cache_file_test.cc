@@ -1,0 +1,164 @@
+// Save/load of a sequence's caches: identical attention after a round trip, typed errors for
+// files from another model/configuration, truncated or bit-flipped files.
+#include "kv/cache_file.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "attention_harness.h"
+#include "core/error.h"
+#include "kv/cache_policy.h"
+
+namespace turbokv {
+namespace {
+
+// Global, sliding, global, global (last): every cache type appears across the options below.
+const std::vector<LayerSpec> kLayers = {{2, 64, 0}, {2, 64, 12}, {2, 64, 0}, {2, 64, 0}};
+constexpr int kHeads = 4;
+
+ResolvedKV options(double bits, const std::string& scheme, int64_t start = 0, uint64_t seed = 0) {
+  KVOptions o;
+  o.kv_bits = bits;
+  o.kv_quant_scheme = scheme;
+  o.quantized_kv_start = start;
+  o.seed = seed;
+  o.last_layer_dense = false;
+  return resolve_kv_options(o);
+}
+
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "/" + name;
+}
+
+void fill(LayerCaches& caches, int n_tokens, uint32_t seed) {
+  for (size_t i = 0; i < caches.size(); ++i) {
+    const auto k = testing::random_normal(size_t(n_tokens) * 2 * 64, seed + 2 * i);
+    const auto v = testing::random_normal(size_t(n_tokens) * 2 * 64, seed + 2 * i + 1);
+    caches[i]->append(k.data(), v.data(), 7);  // a first chunk, then the rest
+    caches[i]->append(k.data() + 7 * 128, v.data() + 7 * 128, n_tokens - 7);
+  }
+}
+
+std::vector<float> attend_all(const LayerCaches& caches) {
+  const auto q = testing::random_normal(size_t(3) * kHeads * 64, 77);
+  std::vector<float> out;
+  for (const auto& cache : caches) {
+    std::vector<float> o(q.size());
+    cache->attend(q.data(), 3, AttentionParams{kHeads, 0.125f, 0, 0}, o.data());
+    out.insert(out.end(), o.begin(), o.end());
+  }
+  return out;
+}
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+}
+
+TEST(CacheFile, RoundTripGivesIdenticalAttentionForEveryCacheType) {
+  const ResolvedKV configs[] = {
+      ResolvedKV{},          options(3.5, "turboquant"),     options(3, "turboquant"),
+      options(4, "uniform"), options(3.5, "turboquant", 20), options(3.5, "turboquant", 500)};
+  for (const ResolvedKV& kv : configs) {
+    LayerCaches saved = make_layer_caches(kLayers, kv);
+    fill(saved, 40, 5);
+    const std::string path = temp_path("roundtrip.tkv");
+    save_layer_caches(saved, path, "tiny-model");
+    LayerCaches loaded = make_layer_caches(kLayers, kv);
+    load_layer_caches(loaded, path, "tiny-model");
+    for (size_t i = 0; i < saved.size(); ++i) {
+      EXPECT_EQ(loaded[i]->type_name(), saved[i]->type_name());
+      EXPECT_EQ(loaded[i]->size(), saved[i]->size());
+      EXPECT_EQ(loaded[i]->nbytes(), saved[i]->nbytes());
+    }
+    const auto a = attend_all(saved), b = attend_all(loaded);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << kv_scheme_name(kv.scheme);
+    // Both go on identically after the round trip.
+    const auto k = testing::random_normal(5 * 128, 9);
+    for (auto* caches : {&saved, &loaded}) {
+      for (auto& cache : *caches) cache->append(k.data(), k.data(), 5);
+    }
+    const auto c = attend_all(saved), d = attend_all(loaded);
+    EXPECT_EQ(std::memcmp(c.data(), d.data(), c.size() * 4), 0) << kv_scheme_name(kv.scheme);
+  }
+}
+
+TEST(CacheFile, OtherModelOrConfigurationIsInvalidArgument) {
+  const ResolvedKV kv = options(3.5, "turboquant");
+  LayerCaches saved = make_layer_caches(kLayers, kv);
+  fill(saved, 30, 1);
+  const std::string path = temp_path("mismatch.tkv");
+  save_layer_caches(saved, path, "tiny-model");
+
+  auto expect_invalid = [&](LayerCaches caches, const std::string& tag, const char* needle) {
+    try {
+      load_layer_caches(caches, path, tag);
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_invalid(make_layer_caches(kLayers, kv), "other-model", "belongs to model");
+  expect_invalid(make_layer_caches({{2, 64, 0}, {2, 64, 12}}, kv), "", "layers");
+  expect_invalid(make_layer_caches({{2, 128, 0}, {2, 128, 12}, {2, 128, 0}, {2, 128, 0}}, kv), "",
+                 "head_dim");
+  expect_invalid(make_layer_caches({{4, 64, 0}, {4, 64, 12}, {4, 64, 0}, {4, 64, 0}}, kv), "",
+                 "kv_heads");
+  expect_invalid(make_layer_caches(kLayers, options(2.5, "turboquant")), "", "key bits");
+  expect_invalid(make_layer_caches(kLayers, options(3.5, "turboquant", 0, 7)), "", "seed");
+  expect_invalid(make_layer_caches(kLayers, options(4, "uniform")), "", "cache type");
+  expect_invalid(make_layer_caches({{2, 64, 0}, {2, 64, 8}, {2, 64, 0}, {2, 64, 0}}, kv), "",
+                 "sliding window");
+}
+
+TEST(CacheFile, TruncatedCorruptedOrForeignFilesAreFormatErrors) {
+  LayerCaches saved = make_layer_caches(kLayers, options(3, "turboquant"));
+  fill(saved, 30, 2);
+  const std::string path = temp_path("good.tkv");
+  save_layer_caches(saved, path);
+  const std::vector<uint8_t> good = read_file(path);
+  const std::string bad = temp_path("bad.tkv");
+  auto expect_format_error = [&](const std::vector<uint8_t>& bytes, const char* needle) {
+    write_file(bad, bytes);
+    LayerCaches caches = make_layer_caches(kLayers, options(3, "turboquant"));
+    try {
+      load_layer_caches(caches, bad);
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  for (size_t cut : {good.size() - 1, good.size() / 2, size_t(30), size_t(9)}) {
+    expect_format_error(std::vector<uint8_t>(good.begin(), good.begin() + cut), "truncated");
+  }
+  expect_format_error({}, "not a turbokv cache file");
+  for (size_t at : {size_t(40), good.size() / 2, good.size() - 10}) {
+    std::vector<uint8_t> flipped = good;
+    flipped[at] ^= 0x10;
+    expect_format_error(flipped, "corrupted");
+  }
+  std::vector<uint8_t> other_version = good;
+  other_version[8] = 9;
+  expect_format_error(other_version, "version 9");
+  std::vector<uint8_t> text(good.size(), 'x');
+  expect_format_error(text, "not a turbokv cache file");
+  LayerCaches caches = make_layer_caches(kLayers, options(3, "turboquant"));
+  EXPECT_THROW(load_layer_caches(caches, temp_path("missing.tkv")), IoError);
+}
+
+TEST(CacheFile, Crc32MatchesTheStandardCheckValue) {
+  const char* check = "123456789";  // the CRC-32 catalogue check value is 0xCBF43926
+  EXPECT_EQ(crc32(reinterpret_cast<const uint8_t*>(check), 9), 0xCBF43926u);
+}
+
+}  // namespace
+}  // namespace turbokv

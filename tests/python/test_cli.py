@@ -1,0 +1,70 @@
+"""The `turbokv` CLI's generate and chat commands: --json fields and exact KV bytes, the DESIGN
+§2 selection errors as exit code 2, --compare-dense, and the chat REPL commands."""
+import json
+import os
+import subprocess
+
+import pytest
+
+BINARY = os.environ.get("TURBOKV_BINARY", "build/turbokv")
+# Per token per KV head (DESIGN §2): TurboQuant K3/V4 116 B, dense fp16 512 B. tinycode-llama has
+# 6 layers (the last kept dense) and 2 KV heads.
+TQ35_BYTES_PER_TOKEN = 2 * (5 * 116 + 512)
+DENSE_BYTES_PER_TOKEN = 2 * 6 * 512
+
+
+def turbokv(*args, stdin=None):
+    return subprocess.run([BINARY, *args], input=stdin, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_generate_json_has_every_field_and_exact_kv_bytes():
+    r = turbokv("generate", "--prompt", "def fibonacci(n):", "--max-tokens", "64", "--kv-bits",
+                "3.5", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    for key in ("text", "prompt_tokens", "generated_tokens", "prompt_tps", "generation_tps",
+                "kv_bytes", "kv_bytes_dense", "kv_scheme"):
+        assert key in out, key
+    assert out["kv_scheme"] == "turboquant"
+    assert (out["kv_key_bits"], out["kv_value_bits"]) == (3, 4)
+    fed_back = 1 if out["finish_reason"] == "length" else 0
+    cached = out["prompt_tokens"] + out["generated_tokens"] - fed_back
+    assert out["cached_tokens"] == cached
+    assert out["kv_bytes"] == cached * TQ35_BYTES_PER_TOKEN
+    assert out["kv_bytes_dense"] == cached * DENSE_BYTES_PER_TOKEN
+    assert any(word in out["text"] for word in ("return", "def", "if", "("))
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--kv-bits", "0.3"], "0.3"),
+    (["--kv-bits", "2.25"], "2.25"),
+    (["--kv-bits", "9"], "9"),
+    (["--kv-bits", "abc"], "abc"),
+    (["--kv-bits", "4", "--kv-quant-scheme", "foo"], "foo"),
+    (["--max-tokens", "0"], "max_tokens"),
+    (["--temperature", "-1"], "temperature"),
+    (["--device", "cuda"], "cuda"),
+])
+def test_bad_values_exit_2_naming_the_value(flags, named):
+    r = turbokv("generate", "--prompt", "x", *flags)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert named in r.stderr
+    assert r.stdout == ""
+
+
+def test_compare_dense_reports_token_agreement():
+    r = turbokv("generate", "--prompt", "import os", "--max-tokens", "16", "--kv-bits", "3.5",
+                "--compare-dense", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["tokens"] == 16
+    assert 0 <= out["agreeing_tokens"] <= 16
+    assert 0 <= out["teacher_forced_agreeing_tokens"] <= 16
+    assert out["kv"]["kv_scheme"] == "turboquant"
+
+
+def test_chat_keeps_history_clears_and_exits():
+    r = turbokv("chat", "--max-tokens", "8", stdin="hello\n/clear\nwrite code\n/exit\nnever\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("\n") == 2  # two replies, nothing after /exit

@@ -1,0 +1,120 @@
+// OpenAI request parsing: accepted shapes, defaults, and a 400 naming the parameter for each
+// malformed field.
+#include "server/openai.h"
+
+#include <gtest/gtest.h>
+
+namespace turbokv::server {
+namespace {
+
+using nlohmann::json;
+
+json chat(json extra = json::object()) {
+  json body = {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  body.update(extra);
+  return body;
+}
+
+// The param named by the ApiError that parsing body throws ("" if none is thrown).
+std::string bad_param(const json& body, const KVOptions& kv = {}) {
+  try {
+    parse_chat_request(body, {}, kv);
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    return e.param.value_or("<none>");
+  }
+  return "";
+}
+
+TEST(OpenAIRequest, ParsesChatFields) {
+  const auto r = parse_chat_request(
+      chat({{"max_tokens", 7},
+            {"temperature", 0},
+            {"top_p", 0.5},
+            {"seed", 3},
+            {"stop", {"a", "b"}},
+            {"stream", true},
+            {"stream_options", {{"include_usage", true}}},
+            {"messages",
+             {{{"role", "system"}, {"content", "s"}},
+              {{"role", "user"},
+               {"content",
+                {{{"type", "text"}, {"text", "x"}}, {{"type", "text"}, {"text", "y"}}}}}}}}),
+      {}, {});
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[1].content, "xy");
+  EXPECT_EQ(r.options.max_tokens, 7);
+  EXPECT_EQ(r.options.sampling.temperature, 0);
+  EXPECT_EQ(r.options.sampling.top_p, 0.5);
+  EXPECT_EQ(r.options.sampling.seed, 3u);
+  EXPECT_EQ(r.options.stop, (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+}
+
+TEST(OpenAIRequest, DefaultsFollowOpenAIAndTheServerLimits) {
+  RequestLimits limits;
+  limits.max_tokens = 99;
+  const auto r = parse_chat_request(chat(), limits, {});
+  EXPECT_EQ(r.options.max_tokens, 99);
+  EXPECT_EQ(r.options.sampling.temperature, 1.0);
+  EXPECT_FALSE(r.stream);
+  EXPECT_EQ(parse_chat_request(chat({{"max_completion_tokens", 5}}), limits, {}).options.max_tokens,
+            5);
+}
+
+TEST(OpenAIRequest, KVFieldsOverrideTheServerDefault) {
+  KVOptions server_kv;
+  server_kv.kv_bits = 3.5;
+  auto kept = parse_chat_request(chat(), {}, server_kv).options.kv;
+  EXPECT_EQ(kept->kv_bits, 3.5);
+  auto dense = parse_chat_request(chat({{"kv_bits", nullptr}}), {}, server_kv).options.kv;
+  EXPECT_FALSE(dense->kv_bits.has_value());
+  auto tq = parse_chat_request(chat({{"kv_bits", "4"}, {"kv_quant_scheme", "turboquant"}}), {}, {})
+                .options.kv;
+  EXPECT_EQ(resolve_kv_options(*tq).scheme, KVScheme::kTurboQuant);
+}
+
+TEST(OpenAIRequest, MalformedFieldsName400Params) {
+  EXPECT_EQ(bad_param(chat({{"max_tokens", "ten"}})), "max_tokens");
+  EXPECT_EQ(bad_param(chat({{"max_tokens", 0}})), "max_tokens");
+  EXPECT_EQ(bad_param(chat({{"max_tokens", 1.5}})), "max_tokens");
+  EXPECT_EQ(bad_param(chat({{"max_tokens", 100000}})), "max_tokens");
+  EXPECT_EQ(bad_param(chat({{"temperature", "hot"}})), "temperature");
+  EXPECT_EQ(bad_param(chat({{"temperature", 3}})), "temperature");
+  EXPECT_EQ(bad_param(chat({{"top_p", 0}})), "top_p");
+  EXPECT_EQ(bad_param(chat({{"stream", "yes"}})), "stream");
+  EXPECT_EQ(bad_param(chat({{"stop", 5}})), "stop");
+  EXPECT_EQ(bad_param(chat({{"n", 2}})), "n");
+  EXPECT_EQ(bad_param(chat({{"model", 5}})), "model");
+  EXPECT_EQ(bad_param(chat({{"messages", "hi"}})), "messages");
+  EXPECT_EQ(bad_param(chat({{"messages", json::array()}})), "messages");
+  EXPECT_EQ(bad_param(chat({{"messages", {{{"content", "x"}}}}})), "messages[0]");
+  EXPECT_EQ(bad_param(chat({{"messages", {{{"role", "user"}, {"content", 5}}}}})),
+            "messages[0].content");
+  EXPECT_EQ(bad_param(chat({{"kv_bits", 9}})), "kv_bits");
+  EXPECT_EQ(bad_param(chat({{"kv_bits", 0.3}})), "kv_bits");
+  EXPECT_EQ(bad_param(chat({{"kv_bits", 2.25}})), "kv_bits");
+  EXPECT_EQ(bad_param(chat({{"kv_bits", "abc"}})), "kv_bits");
+  EXPECT_EQ(bad_param(chat({{"kv_bits", 4}, {"kv_quant_scheme", "foo"}})), "kv_quant_scheme");
+  EXPECT_EQ(bad_param(json::array()), "<none>");
+}
+
+TEST(OpenAIRequest, CompletionPromptIsAStringOrOneStringArray) {
+  EXPECT_EQ(parse_completion_request({{"prompt", "a"}}, {}, {}).prompt, "a");
+  EXPECT_EQ(parse_completion_request({{"prompt", {"b"}}}, {}, {}).prompt, "b");
+  EXPECT_THROW(parse_completion_request({{"prompt", 5}}, {}, {}), ApiError);
+  EXPECT_THROW(parse_completion_request({{"prompt", {"a", "b"}}}, {}, {}), ApiError);
+  EXPECT_THROW(parse_completion_request(json::object(), {}, {}), ApiError);
+}
+
+TEST(OpenAIError, BodyHasTheFourFields) {
+  const auto body = error_body("bad", "invalid_request_error", "max_tokens", std::nullopt);
+  EXPECT_EQ(body["error"]["message"], "bad");
+  EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(body["error"]["param"], "max_tokens");
+  EXPECT_TRUE(body["error"]["code"].is_null());
+}
+
+}  // namespace
+}  // namespace turbokv::server

@@ -1,0 +1,284 @@
+// Server tests: starts `turbokv server` on a free loopback port (--port 0) and drives it with curl
+// and the official `openai` npm client: models, chat completions and completions (plain and
+// streamed), 16 concurrent streams against the same requests made alone, per-request KV
+// options, the API key, and bad requests that must get an OpenAI error body while the server
+// keeps serving.
+//
+// usage: node server_test.mjs <turbokv binary> [model dir]
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import OpenAI from 'openai';
+
+const [binary, modelDir] = process.argv.slice(2);
+if (!binary) {
+  console.error('usage: node server_test.mjs <turbokv binary> [model dir]');
+  process.exit(2);
+}
+const MAX_BODY = 65536;
+// Per token per KV head (DESIGN §2): TurboQuant K3/V4 116 B, dense fp16 512 B; 6 layers, the last
+// kept dense, 2 KV heads.
+const TQ35_BYTES_PER_TOKEN = 2 * (5 * 116 + 512);
+
+function startServer(extraArgs = []) {
+  const args = ['server', '--port', '0', '--max-body-bytes', String(MAX_BODY),
+                '--max-tokens-limit', '512', ...extraArgs];
+  if (modelDir) args.push('--model', modelDir);
+  const child = spawn(binary, args, { stdio: ['ignore', 'pipe', 'inherit'] });
+  return new Promise((resolve, reject) => {
+    let out = '';
+    child.on('exit', (code) => reject(new Error(`server exited early with ${code}`)));
+    child.stdout.on('data', (data) => {
+      out += data;
+      const m = out.match(/listening on (http:\/\/\S+)/);
+      if (m) resolve({ child, url: m[1] });
+    });
+  });
+}
+
+// curl; returns {status, json, text}. body is sent from stdin so any size works.
+function curl(url, { method = 'GET', body, headers = {} } = {}) {
+  const args = ['-s', '-X', method, '-w', '\n%{http_code}', url];
+  for (const [k, v] of Object.entries(headers)) args.push('-H', `${k}: ${v}`);
+  if (body !== undefined) args.push('-H', 'Content-Type: application/json', '--data-binary', '@-');
+  return new Promise((resolve, reject) => {
+    const child = spawn('curl', args);
+    let out = '';
+    child.stdout.on('data', (d) => { out += d; });
+    child.on('error', reject);
+    child.on('close', () => {
+      const cut = out.lastIndexOf('\n');
+      const text = out.slice(0, cut);
+      let json;
+      try { json = JSON.parse(text); } catch { json = undefined; }
+      resolve({ status: Number(out.slice(cut + 1)), json, text });
+    });
+    if (body !== undefined) child.stdin.end(typeof body === 'string' ? body : JSON.stringify(body));
+    else child.stdin.end();
+  });
+}
+
+function assertOpenAIError(res, status, what) {
+  assert.equal(res.status, status, `${what}: status ${res.status}, body ${res.text}`);
+  const e = res.json?.error;
+  assert.ok(e, `${what}: no error object in ${res.text}`);
+  assert.equal(typeof e.message, 'string');
+  assert.equal(typeof e.type, 'string');
+  assert.ok('param' in e && 'code' in e, `${what}: error lacks param/code`);
+}
+
+async function streamText(client, kind, params) {
+  const stream = kind === 'chat'
+    ? await client.chat.completions.create({ ...params, stream: true })
+    : await client.completions.create({ ...params, stream: true });
+  let text = '';
+  let finish = null;
+  for await (const chunk of stream) {
+    const choice = chunk.choices[0];
+    if (!choice) continue;
+    text += kind === 'chat' ? (choice.delta?.content ?? '') : choice.text;
+    if (choice.finish_reason) finish = choice.finish_reason;
+  }
+  return { text, finish };
+}
+
+const tests = [];
+const test = (name, fn) => tests.push({ name, fn });
+
+const chatParams = {
+  model: 'tinycode-llama',
+  messages: [{ role: 'user', content: 'Write a Python function that reverses a list.' }],
+  max_tokens: 40,
+  temperature: 0,
+};
+const completionParams = { model: 'tinycode-llama', prompt: 'def fibonacci(n):', max_tokens: 48,
+                           temperature: 0 };
+
+test('health and models list (curl and openai)', async ({ url, client }) => {
+  const health = await curl(`${url}/health`);
+  assert.equal(health.status, 200);
+  assert.equal(health.json.status, 'ok');
+  const models = await curl(`${url}/v1/models`);
+  assert.equal(models.status, 200);
+  assert.equal(models.json.object, 'list');
+  assert.equal(models.json.data[0].id, 'tinycode-llama');
+  const page = await client.models.list();
+  assert.deepEqual(page.data.map((m) => m.id), ['tinycode-llama']);
+});
+
+test('chat completion, plain and streamed with usage, agree', async ({ url, client }) => {
+  const plain = await client.chat.completions.create(chatParams);
+  assert.equal(plain.object, 'chat.completion');
+  assert.equal(plain.choices[0].message.role, 'assistant');
+  assert.equal(typeof plain.choices[0].message.content, 'string');
+  assert.ok(['stop', 'length'].includes(plain.choices[0].finish_reason));
+  assert.ok(plain.usage.prompt_tokens > 0);
+
+  const stream = await client.chat.completions.create({
+    ...chatParams, stream: true, stream_options: { include_usage: true } });
+  let text = '';
+  let usage = null;
+  let role = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    const delta = chunk.choices[0]?.delta;
+    if (delta?.role) role = delta.role;
+    text += delta?.content ?? '';
+  }
+  assert.equal(role, 'assistant');
+  assert.equal(text, plain.choices[0].message.content);
+  assert.equal(usage.completion_tokens, plain.usage.completion_tokens);
+  assert.equal(usage.prompt_tokens, plain.usage.prompt_tokens);
+
+  const raw = await curl(`${url}/v1/chat/completions`, { method: 'POST', body: chatParams });
+  assert.equal(raw.status, 200);
+  assert.equal(raw.json.choices[0].message.content, plain.choices[0].message.content);
+});
+
+test('completion, plain and streamed, writes Python and agrees', async ({ client }) => {
+  const plain = await client.completions.create(completionParams);
+  assert.equal(plain.object, 'text_completion');
+  const text = plain.choices[0].text;
+  assert.match(text, /return|if|fibonacci|\(/);
+  const streamed = await streamText(client, 'completion', completionParams);
+  assert.equal(streamed.text, text);
+  assert.equal(streamed.finish, plain.choices[0].finish_reason);
+});
+
+test('16 concurrent streams equal the same requests made alone', async ({ url, client }) => {
+  const prompts = ['import os\n', 'class Stack:\n', 'def main():\n', 'for i in range(10):\n'];
+  const requests = [];
+  for (let i = 0; i < 16; ++i) {
+    requests.push({ model: 'tinycode-llama', prompt: prompts[i % 4], max_tokens: 48,
+                    temperature: 0 });
+  }
+  const alone = [];
+  for (const p of prompts) {
+    alone.push((await streamText(client, 'completion', { ...requests[0], prompt: p })).text);
+  }
+  const passes = async () => Number((await curl(`${url}/metrics`)).text
+    .match(/^turbokv_forward_passes_total (\d+)/m)[1]);
+  const before = await passes();
+  const together = await Promise.all(requests.map((r) => streamText(client, 'completion', r)));
+  const after = await passes();
+  together.forEach((r, i) => assert.equal(r.text, alone[i % 4], `client ${i}`));
+  // Batching: far fewer forward passes than one per client per token.
+  assert.ok(after - before < 16 * 48, `forward passes ${after - before} for 16 clients`);
+});
+
+test('per-request KV options and their exact KV bytes', async ({ url }) => {
+  const body = { ...completionParams, max_tokens: 16, kv_bits: 3.5 };
+  const tq = await curl(`${url}/v1/completions`, { method: 'POST', body });
+  assert.equal(tq.status, 200, tq.text);
+  const u = tq.json.usage;
+  assert.equal(u.kv_scheme, 'turboquant');
+  const cached = u.prompt_tokens + u.completion_tokens -
+                 (tq.json.choices[0].finish_reason === 'length' ? 1 : 0);
+  assert.equal(u.kv_bytes, cached * TQ35_BYTES_PER_TOKEN);
+  assert.equal(u.kv_bytes_dense, cached * 2 * 6 * 512);
+  const uniform = await curl(`${url}/v1/completions`,
+                             { method: 'POST', body: { ...body, kv_bits: 4 } });
+  assert.equal(uniform.json.usage.kv_scheme, 'uniform');
+  const tq4 = await curl(`${url}/v1/completions`, {
+    method: 'POST', body: { ...body, kv_bits: 4, kv_quant_scheme: 'turboquant' } });
+  assert.equal(tq4.json.usage.kv_scheme, 'turboquant');
+  for (const bad of [{ kv_bits: 0.3 }, { kv_bits: 2.25 }, { kv_bits: 9 }, { kv_bits: 'abc' },
+                     { kv_bits: 4, kv_quant_scheme: 'foo' }]) {
+    const res = await curl(`${url}/v1/completions`, { method: 'POST', body: { ...body, ...bad } });
+    assertOpenAIError(res, 400, JSON.stringify(bad));
+    assert.match(res.json.error.message, /kv_/);
+  }
+});
+
+test('bad requests get 4xx OpenAI errors and the server keeps serving', async ({ url, client }) => {
+  const post = (path, body) => curl(`${url}${path}`, { method: 'POST', body });
+  const before = await client.completions.create(completionParams);
+  assertOpenAIError(await post('/v1/chat/completions', '{"messages": [ oops'), 400, 'bad JSON');
+  assertOpenAIError(await post('/v1/chat/completions', '[1, 2]'), 400, 'not an object');
+  assertOpenAIError(await post('/v1/chat/completions', { ...chatParams, max_tokens: 'ten' }),
+                    400, 'max_tokens string');
+  assertOpenAIError(await post('/v1/chat/completions', { ...chatParams, messages: 'hi' }), 400,
+                    'messages string');
+  assertOpenAIError(await post('/v1/chat/completions', { ...chatParams, temperature: 'hot' }),
+                    400, 'temperature string');
+  assertOpenAIError(await post('/v1/completions', { ...completionParams, prompt: 42 }), 400,
+                    'prompt number');
+  assertOpenAIError(await post('/v1/completions', { ...completionParams, stream: 'yes' }), 400,
+                    'stream string');
+  for (const n of [0, -5]) {
+    const res = await post('/v1/completions', { ...completionParams, max_tokens: n });
+    assertOpenAIError(res, 400, `max_tokens ${n}`);
+    assert.equal(res.json.error.param, 'max_tokens');
+  }
+  const big = { ...completionParams, prompt: 'x'.repeat(MAX_BODY + 1000) };
+  assertOpenAIError(await post('/v1/completions', big), 413, 'oversized body');
+  // ~6000 tokens in a body under the size limit: longer than the 4096-token context.
+  const long = { ...completionParams, prompt: 'x = 1\n'.repeat(2000) };
+  const tooLong = await post('/v1/completions', long);
+  assertOpenAIError(tooLong, 400, 'prompt longer than the context');
+  assert.equal(tooLong.json.error.code, 'context_length_exceeded');
+  assertOpenAIError(await curl(`${url}/v1/nothing`), 404, 'unknown endpoint');
+  await assert.rejects(client.chat.completions.create({ ...chatParams, max_tokens: 0 }),
+                       (e) => e.status === 400);
+
+  assert.equal((await curl(`${url}/health`)).status, 200);
+  const after = await client.completions.create(completionParams);
+  assert.equal(after.choices[0].text, before.choices[0].text);
+});
+
+test('metrics report requests, tokens, sequences and KV bytes', async ({ url }) => {
+  const m = await curl(`${url}/metrics`);
+  assert.equal(m.status, 200);
+  for (const name of ['turbokv_requests_total', 'turbokv_generated_tokens_total',
+                      'turbokv_active_sequences', 'turbokv_kv_bytes']) {
+    assert.match(m.text, new RegExp(`^${name} \\d+`, 'm'), name);
+  }
+  assert.ok(Number(m.text.match(/^turbokv_requests_total (\d+)/m)[1]) > 0);
+});
+
+async function apiKeyTest() {
+  const { child, url } = await startServer(['--api-key', 'sekret']);
+  try {
+    const denied = await curl(`${url}/v1/models`);
+    assertOpenAIError(denied, 401, 'no API key');
+    assert.equal(denied.json.error.code, 'invalid_api_key');
+    const wrong = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'wrong', maxRetries: 0 });
+    await assert.rejects(wrong.models.list(), (e) => e.status === 401);
+    const right = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'sekret', maxRetries: 0 });
+    const r = await right.completions.create({ ...completionParams, max_tokens: 4 });
+    assert.equal(r.object, 'text_completion');
+    assert.equal((await curl(`${url}/health`)).status, 200);
+  } finally {
+    child.kill('SIGTERM');
+  }
+}
+
+async function main() {
+  const { child, url } = await startServer();
+  const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'unused', maxRetries: 0 });
+  let failed = 0;
+  const run = async (name, fn) => {
+    try {
+      await fn();
+      console.log(`ok   ${name}`);
+    } catch (e) {
+      failed += 1;
+      console.log(`FAIL ${name}\n${e.stack}`);
+    }
+  };
+  for (const t of tests) await run(t.name, () => t.fn({ url, client }));
+  await run('API key: 401 without it, served with it', apiKeyTest);
+  const exited = new Promise((resolve) => child.on('exit', resolve));
+  child.kill('SIGTERM');
+  const code = await exited;
+  if (code !== 0) {
+    failed += 1;
+    console.log(`FAIL server exit code after SIGTERM: ${code}`);
+  }
+  console.log(failed ? `${failed} failed` : 'all passed');
+  process.exit(failed ? 1 : 0);
+}
+
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});

@@ -1,0 +1,181 @@
+// Chat templates against Python Jinja2 renderings made the way transformers renders them
+// (tests/fixtures/chat-templates.json, strftime_now pinned to 26 Jul 2024), plus Python
+// semantics the fixtures do not reach and syntax errors with line:column.
+#include "tokenizer/chat_template.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace turbokv {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+std::tm fixture_date() {
+  std::tm tm{};
+  tm.tm_year = 2024 - 1900;
+  tm.tm_mon = 6;
+  tm.tm_mday = 26;
+  tm.tm_wday = 5;
+  tm.tm_yday = 207;
+  return tm;
+}
+
+ojson load_fixture() {
+  std::ifstream in(std::string(TURBOKV_SOURCE_DIR) + "/tests/fixtures/chat-templates.json");
+  return ojson::parse(in);
+}
+
+TEST(ChatTemplate, FixtureCasesAreByteIdentical) {
+  const ojson fixture = load_fixture();
+  ASSERT_EQ(fixture["cases"].size(), 80u);
+  int errors = 0;
+  for (const auto& c : fixture["cases"]) {
+    const std::string name = c["template"].get<std::string>() + "/" +
+                             c["conversation"].get<std::string>() + "/" +
+                             (c["add_generation_prompt"].get<bool>() ? "gen" : "nogen");
+    ChatTemplate tmpl = ChatTemplate::parse(fixture["templates"][c["template"].get<std::string>()]);
+    tmpl.set_now(fixture_date());
+    ojson vars = {{"messages", fixture["conversations"][c["conversation"].get<std::string>()]},
+                  {"add_generation_prompt", c["add_generation_prompt"]},
+                  {"bos_token", fixture["bos_token"]},
+                  {"eos_token", fixture["eos_token"]}};
+    for (const auto& [key, value] : c["extra"].items()) vars[key] = value;
+    if (c.contains("error")) {
+      ++errors;
+      try {
+        tmpl.render_ordered(vars);
+        ADD_FAILURE() << name << ": expected error " << c["error"];
+      } catch (const TemplateError& e) {
+        EXPECT_EQ(std::string(e.what()), c["error"].get<std::string>()) << name;
+      }
+    } else {
+      EXPECT_EQ(tmpl.render_ordered(vars), c["output"].get<std::string>()) << name;
+    }
+  }
+  EXPECT_GT(errors, 0);
+}
+
+std::string render(const std::string& source, const ojson& vars = ojson::object()) {
+  return ChatTemplate::parse(source).render_ordered(vars);
+}
+
+TEST(ChatTemplate, PythonValueSemantics) {
+  EXPECT_EQ(render("{{ none }}|{{ true }}|{{ 1 }}|{{ 1.0 }}|{{ 2.5e-7 }}|{{ 7 / 2 }}|{{ 7 // 2 }}"),
+            "None|True|1|1.0|2.5e-07|3.5|3");
+  EXPECT_EQ(
+      render("{{ -7 // 2 }}|{{ -7 % 3 }}|{{ 2 ** 10 }}|{{ 'ab' * 2 }}|{{ 1e16 }}|{{ 0.1 + 0.2 }}"),
+      "-4|2|1024|abab|1e+16|0.30000000000000004");
+  EXPECT_EQ(render("{{ x }}", {{"x", {{"b", 1}, {"a", {nullptr, true, "it's"}}}}}),
+            "{'b': 1, 'a': [None, True, \"it's\"]}");
+  EXPECT_EQ(
+      render("{{ missing }}|{{ d.missing }}|{{ d.get('k', 'dflt') }}", {{"d", ojson::object()}}),
+      "||dflt");
+  EXPECT_EQ(render("{{ [] or 'empty' }}|{{ 0 and 1 }}|{{ '' is string }}|{{ 3 is number }}"),
+            "empty|0|True|True");
+  EXPECT_EQ(render("{{ x | tojson }}", {{"x", {{"z", "ü\n\"q\""}, {"a", {1, 2.0}}}}}),
+            "{\"z\": \"ü\\n\\\"q\\\"\", \"a\": [1, 2.0]}");
+  EXPECT_EQ(render("{{ x | tojson(indent=2) }}", {{"x", {{"a", {1}}, {"b", ojson::object()}}}}),
+            "{\n  \"a\": [\n    1\n  ],\n  \"b\": {}\n}");
+}
+
+TEST(ChatTemplate, StringMethodsAndFilters) {
+  EXPECT_EQ(render("{{ '  a b  '.strip() }}|{{ 'xxaxx'.strip('x') }}|{{ 'a,b,,c'.split(',') }}"),
+            "a b|a|['a', 'b', '', 'c']");
+  EXPECT_EQ(render("{{ ' a  b '.split() }}|{{ 'héllo wörld'.title() }}|{{ 'ÉCOLE'.lower() }}"),
+            "['a', 'b']|Héllo Wörld|école");
+  EXPECT_EQ(render("{{ 'abc'[::-1] }}|{{ '日本語'[1:] }}|{{ [1,2,3,4][1:3] }}|{{ [1,2,3][-1] }}"),
+            "cba|本語|[2, 3]|3");
+  EXPECT_EQ(
+      render("{{ 'a' ~ 1 ~ none }}|{{ 'x' in 'xyz' }}|{{ 2 not in [1] }}|{{ 'k' in {'k': 1} }}"),
+      "a1None|True|True|True");
+  EXPECT_EQ(render("{{ items | map(attribute='n') | join(', ') }}|{{ items | selectattr('n', "
+                   "'equalto', 2) | list | length }}",
+                   {{"items", {{{"n", 1}}, {{"n", 2}}}}}),
+            "1, 2|1");
+  EXPECT_EQ(render("{{ 'a\nb\n\nc' | indent(2) }}|{{ 'hello' | capitalize }}|{{ undefined_var | "
+                   "default('d') }}"),
+            "a\n  b\n\n  c|Hello|d");
+  EXPECT_EQ(render("{{ {'a': 1, 'b': 2} | items | list }}|{{ '42' | int + 1 }}|{{ 'x' | upper }}"),
+            "[('a', 1), ('b', 2)]|43|X");
+}
+
+TEST(ChatTemplate, StatementsAndWhitespaceControl) {
+  EXPECT_EQ(render("{% for x in [1,2,3] %}{{ loop.index }}{{ '-' if not loop.last }}{% endfor %}"),
+            "1-2-3");
+  EXPECT_EQ(
+      render("{% for x in xs %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 4 %}{% break %}"
+             "{% endif %}{{ x }}{% else %}none{% endfor %}",
+             {{"xs", {1, 2, 3, 4, 5}}}),
+      "13");
+  EXPECT_EQ(render("{% for x in [] %}{{ x }}{% else %}empty{% endfor %}"), "empty");
+  EXPECT_EQ(render("{% set ns = namespace(n=0) %}{% for x in [1,2] %}{% set ns.n = ns.n + x %}"
+                   "{% set local = x %}{% endfor %}{{ ns.n }}{{ local is defined }}"),
+            "3False");
+  EXPECT_EQ(render("{% macro greet(name, punct='!') %}Hi {{ name }}{{ punct }}{% endmacro %}"
+                   "{{ greet('A') }} {{ greet('B', punct='?') }}"),
+            "Hi A! Hi B?");
+  EXPECT_EQ(
+      render("{% macro wrap() %}[{{ caller() }}]{% endmacro %}{% call wrap() %}in{% endcall %}"),
+      "[in]");
+  EXPECT_EQ(render("{% set block %}  x  {% endset %}[{{ block | trim }}]{% filter upper %}up{% "
+                   "endfilter %}"),
+            "[x]UP");
+  // trim_blocks + lstrip_blocks as transformers configures Jinja2; one trailing newline dropped.
+  EXPECT_EQ(render("a\n  {% if true %}\n  b\n  {% endif %}\nc\n"), "a\n  b\nc");
+  EXPECT_EQ(render("a  {{- ' b ' -}}  c"), "a b c");
+  EXPECT_EQ(render("{# comment #}\nx{%+ if true %}y{% endif %}"), "xy");
+  EXPECT_EQ(render("  {%+ if true +%}\nx{% endif %}"), "  \nx");
+}
+
+TEST(ChatTemplate, RuntimeErrorsUsePythonMessages) {
+  auto error_of = [](const std::string& source, const ojson& vars = ojson::object()) {
+    try {
+      render(source, vars);
+    } catch (const TemplateError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error_of("{{ raise_exception('Bad role: ' + r) }}", {{"r", "x"}}), "Bad role: x");
+  EXPECT_EQ(error_of("{{ 'a' + 1 }}"), "can only concatenate str (not \"int\") to str");
+  EXPECT_EQ(error_of("{{ 1 + 'a' }}"), "unsupported operand type(s) for +: 'int' and 'str'");
+  EXPECT_EQ(error_of("{{ missing.attr }}"), "'missing' is undefined");
+  EXPECT_EQ(error_of("{{ 1 / 0 }}"), "division by zero");
+  EXPECT_EQ(error_of("{{ x | nosuchfilter }}"), "no filter named 'nosuchfilter'");
+  EXPECT_EQ(error_of("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}"),
+            "macro 'f' recursed deeper than 100 calls");
+}
+
+TEST(ChatTemplate, SyntaxErrorsNameLineAndColumn) {
+  auto error_of = [](const std::string& source) {
+    try {
+      ChatTemplate::parse(source);
+    } catch (const FormatError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error_of("ok\n{% if x %}\nyes"),
+            "template syntax error at 3:4: unexpected end of template, expected 'elif' or 'else' "
+            "or 'endif'");
+  EXPECT_EQ(error_of("line1\n  {{ a + }}"),
+            "template syntax error at 2:10: unexpected '}}' in expression");
+  EXPECT_EQ(error_of("{% frobnicate %}"), "template syntax error at 1:4: unknown tag 'frobnicate'");
+  EXPECT_EQ(error_of("{{ 'open }}"), "template syntax error at 1:4: unterminated string literal");
+  std::string deep = "{{ ";
+  for (int i = 0; i < 100000; ++i) deep += "-";
+  EXPECT_NE(error_of(deep + "1 }}").find("nesting is deeper than 200"), std::string::npos);
+  std::string deep_ifs;
+  for (int i = 0; i < 1000; ++i) deep_ifs += "{% if x %}";
+  EXPECT_NE(error_of(deep_ifs).find("nesting is deeper than 200"), std::string::npos);
+  EXPECT_EQ(error_of("{% for x y %}{% endfor %}"),
+            "template syntax error at 1:10: expected 'in' in for loop, got 'y'");
+}
+
+}  // namespace
+}  // namespace turbokv
