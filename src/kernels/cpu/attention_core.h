@@ -6,7 +6,8 @@
 //          tokens [t0, t0 + n) of KV head h as floats [n, d] in the frame the queries are in
 //          (dense: the stored values; TurboQuant: norm * centroids in the rotated frame).
 //          A tile is at most kTileTokens tokens: the only decoded state is that per-tile
-//          scratch, never a copy of the cache.
+//          scratch, never a copy of the cache. tiles.prefetch(h, t0, n) hints the tokens
+//          read kPrefetchTiles tiles ahead.
 //
 // Work is split (STYLE habit 5) into items = (KV head, block of queries, key split). An item
 // runs one pass over its keys for every query row of its KV head's group (GQA: the G query
@@ -27,9 +28,16 @@
 
 namespace turbokv::attention_detail {
 
-constexpr int kTileTokens = 16;        // keys decoded and scored together
-constexpr int kQueryBlock = 16;        // queries per work item (times G rows)
-constexpr int64_t kSplitTokens = 512;  // keys per split when one query block covers all queries
+constexpr int kTileTokens = 16;  // keys decoded and scored together
+constexpr int kQueryBlock = 16;  // queries per work item (times G rows)
+constexpr int64_t kSplitTokens = 512;
+constexpr int kPrefetchTiles = 2;  // keys per split when one query block covers all queries
+
+// A decoded tile: rows [n, d]; scale [n] multiplies each row, nullptr for none.
+struct TileRows {
+  const float* rows = nullptr;
+  const float* scale = nullptr;
+};
 
 // Everything an attention call needs besides where K/V come from. q rows are already in the
 // tiles' frame; out receives acc / l in that frame.
@@ -125,14 +133,20 @@ void attend_item(const Tiles& tiles, const AttendProblem& p, int h, int q_begin,
   std::vector<float> dynamic_scratch(D > 0 ? 0 : 2 * kTileTokens * d);
   float* key_tile_buffer = D > 0 ? key_scratch : dynamic_scratch.data();
   float* value_tile_buffer = D > 0 ? value_scratch : dynamic_scratch.data() + kTileTokens * d;
-  alignas(32) float scores[kTileTokens];
+  alignas(32) float scores[kTileTokens] = {};
+  alignas(32) float weights[kTileTokens] = {};
+  alignas(32) float key_scale_scratch[kTileTokens] = {};  // entries past n stay finite
+  alignas(32) float value_scale_scratch[kTileTokens] = {};
   const float neg_inf = -std::numeric_limits<float>::infinity();
 
   for (int64_t t0 = k_begin; t0 < k_end; t0 += kTileTokens) {
     const int n = static_cast<int>(std::min<int64_t>(kTileTokens, k_end - t0));
     const int64_t tile_first_pos = p.k_first_pos + t0;
-    const float* keys = tiles.keys(h, t0, n, key_tile_buffer);
-    const float* values = nullptr;
+    const int64_t ahead = t0 + kPrefetchTiles * kTileTokens;
+    if (ahead < k_end)
+      tiles.prefetch(h, ahead, static_cast<int>(std::min<int64_t>(kTileTokens, k_end - ahead)));
+    const TileRows keys = tiles.keys(h, t0, n, key_tile_buffer, key_scale_scratch);
+    TileRows values;
     for (int r = 0; r < rows; ++r) {
       const int qi = q_begin + r / group;
       const int head = h * group + r % group;
@@ -146,24 +160,35 @@ void attend_item(const Tiles& tiles, const AttendProblem& p, int h, int q_begin,
       }
       if (lo >= hi) continue;
       const float* q = p.q + (static_cast<int64_t>(qi) * p.n_heads + head) * d;
-      Isa::template dot_rows<D>(q, keys, n, d, scores);
-      float tile_max = neg_inf;
-      for (int t = n; t < kTileTokens; ++t) scores[t] = neg_inf;
-      for (int t = 0; t < n; ++t) {
-        float s = scores[t] * p.scale;
-        if (p.logit_softcap > 0) s = p.logit_softcap * std::tanh(s / p.logit_softcap);
-        scores[t] = (t >= lo && t < hi) ? s : neg_inf;
-        tile_max = std::max(tile_max, scores[t]);
+      Isa::template dot_rows<D>(q, keys.rows, n, d, scores);
+      Isa::scale_scores(scores, keys.scale, p.scale);
+      if (p.logit_softcap > 0) {
+        for (int t = 0; t < n; ++t) {
+          scores[t] = p.logit_softcap * std::tanh(scores[t] / p.logit_softcap);
+        }
       }
+      if (lo > 0 || hi < kTileTokens) {
+        for (int t = 0; t < kTileTokens; ++t) {
+          if (t < lo || t >= hi) scores[t] = neg_inf;
+        }
+      }
+      const float tile_max = Isa::max_score(scores);
       const float old_m = state.m[r];
       const float new_m = std::max(old_m, tile_max);
       const float alpha = std::exp(old_m - new_m);             // 0 on the first visible tile
       const float tile_sum = Isa::exp_shifted(scores, new_m);  // scores := exp(s - new_m)
       state.l[r] = state.l[r] * alpha + tile_sum;
       state.m[r] = new_m;
-      if (values == nullptr) values = tiles.values(h, t0, n, value_tile_buffer);
+      if (values.rows == nullptr) {
+        values = tiles.values(h, t0, n, value_tile_buffer, value_scale_scratch);
+      }
+      const float* w = scores;
+      if (values.scale != nullptr) {
+        Isa::multiply(scores, values.scale, weights);
+        w = weights;
+      }
       float* acc = &state.acc[static_cast<size_t>(r) * d];
-      Isa::template scale_accumulate<D>(acc, alpha, scores, values, n, d);
+      Isa::template scale_accumulate<D>(acc, alpha, w, values.rows, n, d);
     }
   }
 }
@@ -247,6 +272,12 @@ void dispatch_head_dim(int head_dim, Fn&& fn) {
   }
 }
 
+// Hints the cache lines of [p, p + n) into the cache (a read that is coming soon).
+inline void prefetch_bytes(const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  for (size_t i = 0; i < n; i += 64) __builtin_prefetch(c + i, 0, 3);
+}
+
 // Tiles of a dense cache: f32 rows are used in place, f16/bf16 rows converted into scratch.
 template <class Isa>
 struct DenseTiles {
@@ -267,11 +298,17 @@ struct DenseTiles {
     }
     return nullptr;
   }
-  const float* keys(int h, int64_t t0, int n, float* scratch) const {
-    return rows(kv.k, h, t0, n, scratch);
+  TileRows keys(int h, int64_t t0, int n, float* scratch, float*) const {
+    return {rows(kv.k, h, t0, n, scratch), nullptr};
   }
-  const float* values(int h, int64_t t0, int n, float* scratch) const {
-    return rows(kv.v, h, t0, n, scratch);
+  void prefetch(int h, int64_t t0, int n) const {
+    const size_t element = kv_dtype_bytes(kv.dtype);
+    const size_t offset = (h * kv.head_stride + t0) * kv.head_dim * element;
+    prefetch_bytes(static_cast<const char*>(kv.k) + offset, n * kv.head_dim * element);
+    prefetch_bytes(static_cast<const char*>(kv.v) + offset, n * kv.head_dim * element);
+  }
+  TileRows values(int h, int64_t t0, int n, float* scratch, float*) const {
+    return {rows(kv.v, h, t0, n, scratch), nullptr};
   }
 };
 

@@ -88,6 +88,28 @@ struct Avx2Isa {
     return _mm256_andnot_ps(underflow, y);
   }
 
+  static void scale_scores(float* s, const float* token_scale, float scale) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (int t = 0; t < kTileTokens; t += 8) {
+      __m256 x = _mm256_loadu_ps(s + t);
+      if (token_scale != nullptr) x = _mm256_mul_ps(x, _mm256_loadu_ps(token_scale + t));
+      _mm256_storeu_ps(s + t, _mm256_mul_ps(x, vs));
+    }
+  }
+  static float max_score(const float* s) {
+    __m256 m = _mm256_loadu_ps(s);
+    for (int t = 8; t < kTileTokens; t += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + t));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+  }
+  static void multiply(const float* a, const float* b, float* out) {
+    for (int t = 0; t < kTileTokens; t += 8) {
+      _mm256_storeu_ps(out + t, _mm256_mul_ps(_mm256_loadu_ps(a + t), _mm256_loadu_ps(b + t)));
+    }
+  }
+
   static float exp_shifted(float* s, float m) {
     static_assert(kTileTokens % 8 == 0);
     const __m256 shift = _mm256_set1_ps(m);
