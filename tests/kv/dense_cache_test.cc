@@ -71,6 +71,29 @@ TEST(RotatingKVCache, ChunkLongerThanWindowSeesEachQueryWindow) {
   EXPECT_LT(rotating.nbytes(), full.nbytes());
 }
 
+TEST(RotatingKVCache, TrimWithinHeldPositionsElseUnsupported) {
+  const int kv_heads = 1, d = 8, window = 4;
+  RotatingKVCache cache(kv_heads, d, window, KVDType::kF32);
+  DenseKVCache full(kv_heads, d, KVDType::kF32);
+  const auto kv = random_vector(size_t(600) * d, 3);
+  cache.append(kv.data(), kv.data(), 300);  // holds all 300 (no eviction needed yet)
+  full.append(kv.data(), kv.data(), 300);
+  cache.trim(5);
+  full.trim(5);
+  EXPECT_EQ(cache.size(), 295);
+  const auto q = random_vector(size_t(2) * d, 4);
+  std::vector<float> a(2 * d), b(2 * d);
+  const AttentionParams params{2, 0.3f, 0, window};
+  cache.attend(q.data(), 1, params, a.data());
+  full.attend(q.data(), 1, params, b.data());
+  for (int i = 0; i < 2 * d; ++i) EXPECT_NEAR(a[i], b[i], 1e-6);
+  cache.append(kv.data(), kv.data(), 300);  // evicts all but the newest window - 1 before growing
+  cache.trim(300);                          // the newest chunk can go: W - 1 older positions remain
+  EXPECT_THROW(cache.trim(1), Unsupported);
+  EXPECT_THROW(cache.attend(q.data(), 1, AttentionParams{2, 0.3f, 0, 8}, a.data()),
+               InvalidArgument);
+}
+
 TEST(KVCacheErrors, WrongShapeIsInvalidArgument) {
   DenseKVCache cache(2, 64, KVDType::kF32);
   std::vector<float> kv(3 * 64);

@@ -12,43 +12,74 @@
 namespace turbokv::attention_detail {
 namespace {
 
-template <int B>
-void decode_codes(const CodeSegment& seg, const uint8_t* codes, float norm, float* out) {
-  const __m256 scale = _mm256_set1_ps(norm);
+template <int B, bool kApplyNorm>
+void decode_tile_bits(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
+                      const uint16_t* norms, int norm_stride, int n, float* out, int d,
+                      float* norms_out) {
   const __m256i shifts = _mm256_setr_epi32(0, B, 2 * B, 3 * B, 4 * B, 5 * B, 6 * B, 7 * B);
   const __m256i mask = _mm256_set1_epi32((1 << B) - 1);
   const __m256 low_table = _mm256_load_ps(seg.centroids);
   const __m256 high_table = _mm256_load_ps(seg.centroids + 8);
-  for (int g = 0; g < seg.dim / 8; ++g) {
-    uint32_t word;
-    std::memcpy(&word, codes + g * B, sizeof(word));  // storage keeps 4 bytes of padding
-    const __m256i idx = _mm256_and_si256(
-        _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shifts), mask);
-    __m256 c = _mm256_permutevar8x32_ps(low_table, idx);
-    if constexpr (B == 4) {
-      const __m256 high = _mm256_permutevar8x32_ps(high_table, idx);
-      c = _mm256_blendv_ps(c, high, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+  const int groups = seg.dim / 8;
+  for (int i = 0; i < n; ++i) {
+    const uint8_t* vector_codes = codes + i * code_stride;
+    float* row = out + static_cast<int64_t>(i) * d;
+    const float norm = _cvtsh_ss(norms[i * norm_stride]);
+    const __m256 scale = _mm256_set1_ps(norm);
+    if constexpr (!kApplyNorm) norms_out[i] = norm;
+    for (int g = 0; g < groups; ++g) {
+      uint32_t word;
+      std::memcpy(&word, vector_codes + g * B, sizeof(word));  // storage keeps 4 bytes of padding
+      const __m256i idx = _mm256_and_si256(
+          _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shifts), mask);
+      __m256 c = _mm256_permutevar8x32_ps(low_table, idx);
+      if constexpr (B == 4) {
+        const __m256 high = _mm256_permutevar8x32_ps(high_table, idx);
+        c = _mm256_blendv_ps(c, high, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+      }
+      _mm256_storeu_ps(row + 8 * g, kApplyNorm ? _mm256_mul_ps(c, scale) : c);
     }
-    _mm256_storeu_ps(out + 8 * g, _mm256_mul_ps(c, scale));
   }
 }
 
 struct RegisterDecoder {
-  static void decode(const CodeSegment& seg, const uint8_t* codes, uint16_t norm_f16, float* out) {
+  static void decode_tile(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
+                          const uint16_t* norms, int norm_stride, int n, float* out, int d,
+                          float* norms_out) {
     if (seg.dim % 8 != 0 || seg.bits > 4) {
-      seg.codec->decode_rotated(codes, norm_f16, out);
+      const uint16_t unit_norm = 0x3C00;  // 1.0 in fp16
+      for (int i = 0; i < n; ++i) {
+        const uint16_t norm = norms[i * norm_stride];
+        if (norms_out != nullptr) norms_out[i] = _cvtsh_ss(norm);
+        seg.codec->decode_rotated(codes + i * code_stride, norms_out != nullptr ? unit_norm : norm,
+                                  out + i * d);
+      }
       return;
     }
-    const float norm = _cvtsh_ss(norm_f16);
+    if (norms_out != nullptr) {
+      dispatch_bits<false>(seg, codes, code_stride, norms, norm_stride, n, out, d, norms_out);
+    } else {
+      dispatch_bits<true>(seg, codes, code_stride, norms, norm_stride, n, out, d, norms_out);
+    }
+  }
+
+  template <bool kApplyNorm>
+  static void dispatch_bits(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
+                            const uint16_t* norms, int norm_stride, int n, float* out, int d,
+                            float* norms_out) {
     switch (seg.bits) {
       case 1:
-        return decode_codes<1>(seg, codes, norm, out);
+        return decode_tile_bits<1, kApplyNorm>(seg, codes, code_stride, norms, norm_stride, n, out,
+                                               d, norms_out);
       case 2:
-        return decode_codes<2>(seg, codes, norm, out);
+        return decode_tile_bits<2, kApplyNorm>(seg, codes, code_stride, norms, norm_stride, n, out,
+                                               d, norms_out);
       case 3:
-        return decode_codes<3>(seg, codes, norm, out);
+        return decode_tile_bits<3, kApplyNorm>(seg, codes, code_stride, norms, norm_stride, n, out,
+                                               d, norms_out);
       default:
-        return decode_codes<4>(seg, codes, norm, out);
+        return decode_tile_bits<4, kApplyNorm>(seg, codes, code_stride, norms, norm_stride, n, out,
+                                               d, norms_out);
     }
   }
 };

@@ -59,35 +59,83 @@ inline VectorDecoder make_vector_decoder(const quant::TurboQuantCodec& codec) {
   return decoder;
 }
 
-// Decoder: a struct with static void decode(const CodeSegment&, const uint8_t* codes,
-// uint16_t norm_f16, float* out) writing norm * centroids[code_i] for the segment's dim codes
-// (what MseCodec::decode_rotated computes).
+// Decoder: a struct with
+//   static void decode_tile(const CodeSegment&, const uint8_t* codes, size_t code_stride,
+//                           const uint16_t* norms, int norm_stride, int n, float* out, int d,
+//                           float* norms_out)
+// writing, for token i < n, the centroids[code] of the segment's dim codes to out + i * d:
+// times norm_i when norms_out is null (what MseCodec::decode_rotated computes per vector),
+// else unscaled, with norm_i stored to norms_out[i].
 template <class Decoder>
 struct CodeTiles {
   const TurboQuantKVView* kv;
   const VectorDecoder* key_decoders;    // [kv_heads]
   const VectorDecoder* value_decoders;  // [kv_heads]
 
-  static const float* decode(const CodedTensorView& tensor, const VectorDecoder& decoder,
-                             int64_t first_row, int n, int d, float* scratch) {
+  // One-segment codecs hand their norms to the core as the per-token scale; a split codec's
+  // two norms are applied while decoding.
+  TileRows decode(const CodedTensorView& tensor, const VectorDecoder& decoder, int64_t first_row,
+                  int n, float* scratch, float* scale_scratch) const {
+    const uint8_t* codes = tensor.codes + first_row * decoder.code_bytes;
+    const uint16_t* norms = tensor.norms + first_row * decoder.norms_per_vector;
+    float* norms_out = decoder.n_segments == 1 ? scale_scratch : nullptr;
+    for (int s = 0; s < decoder.n_segments; ++s) {
+      const CodeSegment& seg = decoder.segments[s];
+      Decoder::decode_tile(seg, codes + seg.code_offset, decoder.code_bytes, norms + seg.norm_index,
+                           decoder.norms_per_vector, n, scratch + seg.frame_offset, kv->head_dim,
+                           norms_out);
+    }
+    return {scratch, norms_out};
+  }
+  TileRows keys(int h, int64_t t0, int n, float* scratch, float* scale_scratch) const {
+    return decode(kv->keys, key_decoders[h], h * kv->head_stride + t0, n, scratch, scale_scratch);
+  }
+  TileRows values(int h, int64_t t0, int n, float* scratch, float* scale_scratch) const {
+    return decode(kv->values, value_decoders[h], h * kv->head_stride + t0, n, scratch,
+                  scale_scratch);
+  }
+  void prefetch(int h, int64_t t0, int n) const {
+    const int64_t row = h * kv->head_stride + t0;
+    for (const auto& [tensor, decoder] :
+         {std::pair{&kv->keys, &key_decoders[h]}, std::pair{&kv->values, &value_decoders[h]}}) {
+      prefetch_bytes(tensor->codes + row * decoder->code_bytes, n * decoder->code_bytes);
+      prefetch_bytes(tensor->norms + row * decoder->norms_per_vector,
+                     n * decoder->norms_per_vector * sizeof(uint16_t));
+    }
+  }
+};
+
+// Decoder: static void decode(const quant::UniformCodec&, const uint8_t* codes,
+// const uint16_t* params, float* out) writing the dequantized vector (UniformCodec::dequantize).
+template <class Decoder>
+struct UniformTiles {
+  const UniformKVView* kv;
+
+  const float* decode(const UniformTensorView& tensor, int h, int64_t t0, int n,
+                      float* scratch) const {
+    const quant::UniformCodec& codec = *tensor.codec;
     for (int i = 0; i < n; ++i) {
-      const int64_t row = first_row + i;
-      const uint8_t* codes = tensor.codes + row * decoder.code_bytes;
-      const uint16_t* norms = tensor.norms + row * decoder.norms_per_vector;
-      for (int s = 0; s < decoder.n_segments; ++s) {
-        const CodeSegment& seg = decoder.segments[s];
-        Decoder::decode(seg, codes + seg.code_offset, norms[seg.norm_index],
-                        scratch + static_cast<int64_t>(i) * d + seg.frame_offset);
-      }
+      const int64_t row = h * kv->head_stride + t0 + i;
+      Decoder::decode(codec, tensor.codes + row * codec.code_bytes(),
+                      tensor.params + row * codec.params_per_vector(),
+                      scratch + static_cast<int64_t>(i) * kv->head_dim);
     }
     return scratch;
   }
-  const float* keys(int h, int64_t t0, int n, float* scratch) const {
-    return decode(kv->keys, key_decoders[h], h * kv->head_stride + t0, n, kv->head_dim, scratch);
+  TileRows keys(int h, int64_t t0, int n, float* scratch, float*) const {
+    return {decode(kv->keys, h, t0, n, scratch), nullptr};
   }
-  const float* values(int h, int64_t t0, int n, float* scratch) const {
-    return decode(kv->values, value_decoders[h], h * kv->head_stride + t0, n, kv->head_dim,
-                  scratch);
+  TileRows values(int h, int64_t t0, int n, float* scratch, float*) const {
+    return {decode(kv->values, h, t0, n, scratch), nullptr};
+  }
+  void prefetch(int h, int64_t t0, int n) const {
+    const int64_t row = h * kv->head_stride + t0;
+    for (const UniformTensorView* tensor : {&kv->keys, &kv->values}) {
+      const quant::UniformCodec& codec = *tensor->codec;
+      prefetch_bytes(tensor->codes + row * codec.code_bytes(), n * codec.code_bytes());
+      prefetch_bytes(tensor->params + row * codec.params_per_vector(),
+                     n * codec.params_per_vector() * sizeof(uint16_t));
+    }
   }
 };
 
@@ -124,31 +172,6 @@ void attention_turboquant_on(const TurboQuantKVView& kv, const AttentionQueries&
     }
   });
 }
-
-// Decoder: static void decode(const quant::UniformCodec&, const uint8_t* codes,
-// const uint16_t* params, float* out) writing the dequantized vector (UniformCodec::dequantize).
-template <class Decoder>
-struct UniformTiles {
-  const UniformKVView* kv;
-
-  const float* decode(const UniformTensorView& tensor, int h, int64_t t0, int n,
-                      float* scratch) const {
-    const quant::UniformCodec& codec = *tensor.codec;
-    for (int i = 0; i < n; ++i) {
-      const int64_t row = h * kv->head_stride + t0 + i;
-      Decoder::decode(codec, tensor.codes + row * codec.code_bytes(),
-                      tensor.params + row * codec.params_per_vector(),
-                      scratch + static_cast<int64_t>(i) * kv->head_dim);
-    }
-    return scratch;
-  }
-  const float* keys(int h, int64_t t0, int n, float* scratch) const {
-    return decode(kv->keys, h, t0, n, scratch);
-  }
-  const float* values(int h, int64_t t0, int n, float* scratch) const {
-    return decode(kv->values, h, t0, n, scratch);
-  }
-};
 
 template <class Isa, class Decoder>
 void attention_uniform_on(const UniformKVView& kv, const AttentionQueries& queries,
