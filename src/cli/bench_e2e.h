@@ -14,6 +14,7 @@ struct E2EBenchFlags {
   int prompt_tokens = 512;
   int gen_tokens = 128;
   int threads = 2;
+  int repeats = 5;
   bool json = false;
   KVFlags kv;  // the quantized side (default --kv-bits 3.5)
 };

@@ -277,12 +277,12 @@ void DecoderModel::write_logits(const std::vector<Slice>& slices, const float* x
   int64_t offset = 0;
   for (const Slice& s : slices) {
     const Chunk& chunk = *s.chunk;
-    if (chunk.all_logits) {
+    if (chunk.logits != nullptr && chunk.all_logits) {
       for (int i = 0; i < s.count; ++i) {
         rows.push_back(offset + i);
         destinations.push_back(chunk.logits + int64_t(s.begin + i) * V);
       }
-    } else if (s.begin + s.count == chunk.n_tokens) {
+    } else if (chunk.logits != nullptr && s.begin + s.count == chunk.n_tokens) {
       rows.push_back(offset + s.count - 1);
       destinations.push_back(chunk.logits);
     }

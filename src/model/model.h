@@ -43,7 +43,8 @@ class Model {
     const int32_t* tokens = nullptr;
     int n_tokens = 0;
     LayerCaches* caches = nullptr;
-    float* logits = nullptr;  // [n_tokens, vocab] if all_logits else [vocab] (last token)
+    float* logits = nullptr;  // [n_tokens, vocab] if all_logits else [vocab] (last token);
+                              // null: no logits (a prefill piece whose outputs are not needed)
     bool all_logits = false;
   };
   // Runs every chunk; matmuls see the tokens of all chunks together.

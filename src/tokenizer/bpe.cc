@@ -58,7 +58,9 @@ BpeModel::BpeModel(const json& model) {
   // Merges: "a b" strings (older files) or [a, b] pairs; rank = position in the list.
   const json& merges = json_member(model, "merges", "model");
   if (!merges.is_array()) throw FormatError("tokenizer.json: model.merges must be an array");
-  merges_.reserve(merges.size());
+  size_t slots = 16;
+  while (slots < 2 * merges.size()) slots *= 2;
+  merge_slots_.assign(slots, MergeSlot{});
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const json& entry = merges[rank];
     std::string left, right;
@@ -88,14 +90,29 @@ BpeModel::BpeModel(const json& model) {
       throw FormatError(str_cat("tokenizer.json: model.merges[", rank, "] (", left, " + ", right,
                                 ") uses a token that is not in the vocab"));
     }
-    merges_.try_emplace(pair_key(a->second, b->second),
-                        Merge{static_cast<int32_t>(rank), m->second});
+    insert_merge(pair_key(a->second, b->second), Merge{static_cast<int32_t>(rank), m->second});
+  }
+}
+
+void BpeModel::insert_merge(uint64_t key, Merge merge) {
+  const size_t mask = merge_slots_.size() - 1;
+  for (size_t i = slot_of(key, mask);; i = (i + 1) & mask) {
+    if (merge_slots_[i].key == key) return;  // a repeated pair keeps its first (lowest) rank
+    if (merge_slots_[i].key == kEmptyKey) {
+      merge_slots_[i] = {key, merge};
+      return;
+    }
   }
 }
 
 const BpeModel::Merge* BpeModel::find_merge(int32_t a, int32_t b) const {
-  auto it = merges_.find(pair_key(a, b));
-  return it == merges_.end() ? nullptr : &it->second;
+  const uint64_t key = pair_key(a, b);
+  const size_t mask = merge_slots_.size() - 1;
+  for (size_t i = slot_of(key, mask);; i = (i + 1) & mask) {
+    const MergeSlot& slot = merge_slots_[i];
+    if (slot.key == key) return &slot.merge;
+    if (slot.key == kEmptyKey) return nullptr;
+  }
 }
 
 std::optional<int32_t> BpeModel::token_to_id(std::string_view token) const {

@@ -48,7 +48,18 @@ class BpeModel {
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> vocab_;
   std::vector<std::string> id_to_token_;  // [id_limit], empty for ids not in the vocab
   std::vector<bool> has_token_;
-  std::unordered_map<uint64_t, Merge> merges_;
+  // Open-addressing table of merges keyed by pair_key (linear probing, load <= 1/2): the
+  // hottest lookup of plain BPE.
+  struct MergeSlot {
+    uint64_t key = kEmptyKey;
+    Merge merge{};
+  };
+  static constexpr uint64_t kEmptyKey = ~uint64_t{0};
+  static size_t slot_of(uint64_t key, size_t mask) {
+    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> 20) & mask;
+  }
+  void insert_merge(uint64_t key, Merge merge);
+  std::vector<MergeSlot> merge_slots_;  // [power of two]
   std::optional<int32_t> unk_id_;
   std::string continuing_prefix_, end_suffix_;
   bool byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;

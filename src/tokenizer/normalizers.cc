@@ -96,7 +96,11 @@ Regex make_pattern(const json& j, const std::string& where) {
     return Regex::literal(j["String"].get<std::string>());
   }
   if (j.is_object() && j.contains("Regex") && j["Regex"].is_string()) {
-    return Regex(j["Regex"].get<std::string>());
+    try {
+      return Regex(j["Regex"].get<std::string>());
+    } catch (const FormatError& e) {
+      throw FormatError(str_cat("tokenizer.json: ", where, ": ", e.what()));
+    }
   }
   throw FormatError(
       str_cat("tokenizer.json: ", where, " must be {\"String\": ...} or {\"Regex\": ...}"));

@@ -119,11 +119,11 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
     }
     if (regex_) regex_->split(pieces, false);
     const auto& alphabet = utf8::byte_to_unicode();
+    std::string mapped;  // reused: assigning it back rarely allocates (short pieces fit SSO)
     for (std::string& piece : pieces) {
-      std::string mapped;
-      mapped.reserve(piece.size() * 2);
+      mapped.clear();
       for (const char c : piece) mapped += alphabet[static_cast<unsigned char>(c)];
-      piece = std::move(mapped);
+      piece.assign(mapped);
     }
   }
 

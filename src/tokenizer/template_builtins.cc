@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <unordered_set>
 
 #include "tokenizer/chat_template.h"
@@ -339,9 +340,11 @@ Value call_dict_method(const Value& dict, const std::string& name, const ValueLi
 
 // Python's floor division and modulo.
 Value floor_div_or_mod(const Value& a, const Value& b, bool mod) {
+  const bool floats = a.is_float() || b.is_float();
   if (b.as_double() == 0.0) {
-    throw TemplateError(mod ? "integer division or modulo by zero"
-                            : "integer division or modulo by zero");
+    throw TemplateError(!floats ? "integer division or modulo by zero"
+                        : mod   ? "float modulo"
+                                : "float floor division by zero");
   }
   if (a.is_float() || b.is_float()) {
     const double x = a.as_double(), y = b.as_double();
@@ -483,6 +486,82 @@ Value to_float(const Value& v, const Value& fallback) {
   return fallback;
 }
 
+// printf-style formatting as Python's str % args: %s %r %d %i %f %e %g %x %o %c %% with
+// flags, width and precision; args is one value or a tuple of values.
+std::string percent_format(const std::string& format, const Value& args) {
+  const ValueList values = args.is_tuple() ? args.list() : ValueList{args};
+  size_t next = 0;
+  std::string out;
+  for (size_t i = 0; i < format.size(); ++i) {
+    if (format[i] != '%') {
+      out += format[i];
+      continue;
+    }
+    size_t j = i + 1;
+    while (j < format.size() && std::strchr("-+ #0", format[j])) ++j;
+    while (j < format.size() && std::isdigit(static_cast<unsigned char>(format[j]))) ++j;
+    if (j < format.size() && format[j] == '.') {
+      ++j;
+      while (j < format.size() && std::isdigit(static_cast<unsigned char>(format[j]))) ++j;
+    }
+    if (j >= format.size()) throw TemplateError("incomplete format");
+    const char conversion = format[j];
+    const std::string spec = format.substr(i, j - i);  // "%" plus flags, width, precision
+    i = j;
+    if (conversion == '%') {
+      out += '%';
+      continue;
+    }
+    if (next >= values.size()) throw TemplateError("not enough arguments for format string");
+    const Value& v = values[next++];
+    char buf[512];
+    switch (conversion) {
+      case 's':
+      case 'r': {
+        const std::string text = conversion == 's' ? v.to_string() : v.repr();
+        std::snprintf(buf, sizeof(buf), (spec + "s").c_str(), text.c_str());
+        out += text.size() < 256 ? std::string(buf) : text;
+        break;
+      }
+      case 'd':
+      case 'i':
+      case 'x':
+      case 'X':
+      case 'o':
+      case 'c':
+        if (!v.is_number()) {
+          throw TemplateError(str_cat("%", std::string(1, conversion),
+                                      " format: a real number is required, not ", v.type_name()));
+        }
+        std::snprintf(buf, sizeof(buf),
+                      (spec + "ll" + (conversion == 'i' ? 'd' : conversion)).c_str(),
+                      static_cast<long long>(v.is_float() ? static_cast<long long>(v.as_double())
+                                                          : v.as_int()));
+        out += buf;
+        break;
+      case 'f':
+      case 'F':
+      case 'e':
+      case 'E':
+      case 'g':
+      case 'G':
+        if (!v.is_number()) {
+          throw TemplateError(str_cat("must be real number, not ", v.type_name()));
+        }
+        std::snprintf(buf, sizeof(buf), (spec + conversion).c_str(), v.as_double());
+        out += buf;
+        break;
+      default:
+        throw TemplateError(
+            str_cat("unsupported format character '", std::string(1, conversion), "'"));
+    }
+  }
+  if (next < values.size() && args.is_tuple()) {
+    throw TemplateError("not all arguments converted during string formatting");
+  }
+  return out;
+}
+
 }  // namespace
 
 void fail_undefined(const Value& undefined) {
@@ -616,6 +695,8 @@ Value arithmetic(const std::string& op, const Value& left, const Value& right) {
   } else if (op == "/" && numbers) {
     if (right.as_double() == 0.0) throw TemplateError("division by zero");
     return Value(left.as_double() / right.as_double());
+  } else if (op == "%" && left.is_string()) {
+    return Value(percent_format(left.str(), right));
   } else if ((op == "//" || op == "%") && numbers) {
     return floor_div_or_mod(left, right, op == "%");
   } else if (op == "**" && numbers) {
@@ -733,7 +814,21 @@ Value apply_filter(const std::string& name, const Value& input, const ValueList&
         input.is_undefined() || (a.get(1, Value(false)).truthy() && !input.truthy());
     return use_default ? a.get(0, Value("")) : input;
   }
-  if (name == "upper" || name == "lower" || name == "capitalize" || name == "title") {
+  if (name == "title") {  // Jinja's do_title: words split at -, whitespace and ({[<
+    Args a(what, args, kwargs, {});
+    std::string out;
+    bool word_start = true;
+    for (const char32_t c : code_points(input.to_string())) {
+      const bool separator =
+          c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || utf8::is_space(c);
+      std::string one;
+      utf8::append(one, c);
+      out += separator ? one : word_start ? utf8::to_upper(one) : utf8::to_lower(one);
+      word_start = separator;
+    }
+    return Value(out);
+  }
+  if (name == "upper" || name == "lower" || name == "capitalize") {
     Args a(what, args, kwargs, {});
     return call_string_method(input.to_string(), name, {}, {});
   }
@@ -801,9 +896,10 @@ Value apply_filter(const std::string& name, const Value& input, const ValueList&
         std::pow(10.0, static_cast<double>(need_int(a.get(0, Value(0)), "precision")));
     const std::string method = a.get(1, Value("common")).to_string();
     const double x = input.as_double() * scale;
+    // "common" is Python's round(): halves go to the even neighbour.
     const double r = method == "floor"  ? std::floor(x)
                      : method == "ceil" ? std::ceil(x)
-                                        : std::round(x);
+                                        : std::nearbyint(x);
     return Value(r / scale);
   }
   if (name == "indent") {
@@ -812,6 +908,7 @@ Value apply_filter(const std::string& name, const Value& input, const ValueList&
                         a.get(2, Value(false)).truthy()));
   }
   if (name == "safe") return input;
+  if (name == "format") return Value(percent_format(input.to_string(), Value(args, true)));
   if (name == "escape" || name == "e") return Value(html_escape(input.to_string()));
   if (name == "reverse") {
     if (input.is_string()) {

@@ -163,6 +163,13 @@ class Lexer {
       if (!text.empty()) tokens_.push_back({Token::Type::kText, std::move(text), pos});
       if (tag >= src_.size()) break;
       pos = lex_tag(tag, strip_next);
+      const size_t n = tokens_.size();
+      if (n >= 3 && tokens_[n - 3].type == Token::Type::kBlockBegin &&
+          tokens_[n - 2].type == Token::Type::kName && tokens_[n - 2].value == "raw" &&
+          tokens_[n - 1].type == Token::Type::kBlockEnd) {
+        tokens_.resize(n - 3);
+        pos = lex_raw(tag, pos, strip_next);
+      }
     }
     tokens_.push_back({Token::Type::kEnd, "", src_.size()});
     return std::move(tokens_);
@@ -224,6 +231,38 @@ class Lexer {
       }
       pos = lex_expression_token(pos, depth);
     }
+  }
+
+  // The body of {% raw %} up to {% endraw %} is text, taken literally.
+  size_t lex_raw(size_t raw_tag, size_t pos, bool& strip_next) {
+    // Unlike other block tags, Jinja keeps the newline after {% raw %}.
+    if (!strip_next && pos >= 3 && src_[pos - 1] == '\n' && src_.compare(pos - 3, 2, "%}") == 0) {
+      --pos;
+    }
+    if (strip_next) {
+      while (pos < src_.size() && std::isspace(static_cast<unsigned char>(src_[pos]))) ++pos;
+    }
+    for (size_t at = src_.find("{%", pos); at != std::string::npos; at = src_.find("{%", at + 2)) {
+      const char modifier = at + 2 < src_.size() ? src_[at + 2] : '\0';
+      size_t q = at + 2 + (modifier == '-' || modifier == '+');
+      while (q < src_.size() && std::isspace(static_cast<unsigned char>(src_[q]))) ++q;
+      if (src_.compare(q, 6, "endraw") != 0) continue;
+      q += 6;
+      while (q < src_.size() && std::isspace(static_cast<unsigned char>(src_[q]))) ++q;
+      const bool dash = q < src_.size() && src_[q] == '-';
+      if (src_.compare(q + dash, 2, "%}") != 0) continue;
+      std::string text = src_.substr(pos, at - pos);
+      if (modifier == '-') {
+        const size_t keep = text.find_last_not_of(" \t\n\r\f\v");
+        text.resize(keep == std::string::npos ? 0 : keep + 1);
+      } else if (modifier != '+') {
+        lstrip_line(text, pos);
+      }
+      if (!text.empty()) tokens_.push_back({Token::Type::kText, std::move(text), pos});
+      strip_next = dash;
+      return trim_newline(q + dash + 2, strip_next);
+    }
+    throw errors_.error(raw_tag, "missing '{% endraw %}' for this '{% raw %}'");
   }
 
   // trim_blocks: a single newline right after a block or comment tag is removed.
@@ -529,24 +568,24 @@ class Parser {
     return params;
   }
 
-  ExprPtr parse_expression() { return parse_condexpr(true); }
+  ExprPtr parse_expression() { return parse_condexpr(); }
 
   // `a, b` without brackets (set a = 1, 2 / for x in a, b) makes a tuple.
   ExprPtr parse_tuple(bool with_condexpr) {
     const Location at = where();
-    ExprPtr first = with_condexpr ? parse_condexpr(true) : parse_or();
+    ExprPtr first = with_condexpr ? parse_condexpr() : parse_or();
     if (!is_op(",")) return first;
     auto tuple = make(Expr::Kind::kTuple, at);
     tuple->items.push_back(std::move(first));
     while (is_op(",")) {
       advance();
       if (peek().type == Type::kBlockEnd) break;
-      tuple->items.push_back(with_condexpr ? parse_condexpr(true) : parse_or());
+      tuple->items.push_back(with_condexpr ? parse_condexpr() : parse_or());
     }
     return tuple;
   }
 
-  ExprPtr parse_condexpr(bool) {
+  ExprPtr parse_condexpr() {
     const DepthGuard guard(*this);
     const Location at = where();
     ExprPtr expr = parse_or();
@@ -557,7 +596,7 @@ class Parser {
       cond->items.push_back(parse_or());
       if (is_name("else")) {
         advance();
-        cond->items.push_back(parse_condexpr(true));
+        cond->items.push_back(parse_condexpr());
       } else {
         cond->items.push_back(nullptr);
       }

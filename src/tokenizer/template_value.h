@@ -75,7 +75,6 @@ class Value {
   const ValueList& list() const { return *list_; }
   ValueDict& dict() const { return *dict_; }
   const Function& function() const { return *fn_; }
-  const std::string& function_name() const { return text_; }
 
   bool truthy() const;
   // Python type name for messages: str, int, float, bool, NoneType, list, tuple, dict, ...

@@ -21,6 +21,7 @@ struct TokenizerConfig {
   std::vector<int32_t> eos_token_ids;  // from generation_config.json (int or list), else eos_token
 };
 
+// The const methods of an implementation may be called from several threads at once.
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;

@@ -65,17 +65,6 @@ void append(std::string& out, char32_t cp) {
   }
 }
 
-size_t incomplete_tail(std::string_view s) {
-  // Look back at most 3 bytes for a lead byte whose sequence runs past the end.
-  for (size_t back = 1; back <= 3 && back <= s.size(); ++back) {
-    const unsigned char b = s[s.size() - back];
-    if ((b & 0xC0) == 0x80) continue;  // continuation byte: keep looking for the lead
-    const size_t len = seq_len(b);
-    return len > back ? back : 0;
-  }
-  return 0;
-}
-
 bool is_space(char32_t cp) {
   if ((cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85) return true;
   if (cp < 0x80) return false;
@@ -95,44 +84,65 @@ std::string map_code_points(std::string_view s, Map map) {
   std::string out;
   out.reserve(s.size());
   size_t pos = 0;
-  while (pos < s.size()) append(out, map(next(s, pos)));
+  while (pos < s.size()) map(next(s, pos), out);
   return out;
 }
 
-char32_t upper(char32_t cp) {
-  return utf8proc_toupper(static_cast<utf8proc_int32_t>(cp));
-}
-char32_t lower(char32_t cp) {
-  return utf8proc_tolower(static_cast<utf8proc_int32_t>(cp));
-}
-char32_t title(char32_t cp) {
-  return utf8proc_totitle(static_cast<utf8proc_int32_t>(cp));
+// Unconditional multi-character mappings of Unicode SpecialCasing.txt that Python applies:
+// {code point, lower, title, upper}.
+struct SpecialCase {
+  char32_t cp;
+  const char* lower;
+  const char* title;
+  const char* upper;
+};
+constexpr SpecialCase kSpecialCases[] = {
+    {0x00DF, "\u00DF", "Ss", "SS"},           {0x0130, "i\u0307", "\u0130", "\u0130"},
+    {0x0149, "\u0149", "\u02BCN", "\u02BCN"}, {0xFB00, "\uFB00", "Ff", "FF"},
+    {0xFB01, "\uFB01", "Fi", "FI"},           {0xFB02, "\uFB02", "Fl", "FL"},
+    {0xFB03, "\uFB03", "Ffi", "FFI"},         {0xFB04, "\uFB04", "Ffl", "FFL"},
+    {0xFB05, "\uFB05", "St", "ST"},           {0xFB06, "\uFB06", "St", "ST"},
+};
+
+enum class Case { kLower, kTitle, kUpper };
+
+void append_case(char32_t cp, Case c, std::string& out) {
+  for (const SpecialCase& special : kSpecialCases) {
+    if (special.cp == cp) {
+      out += c == Case::kLower ? special.lower : c == Case::kTitle ? special.title : special.upper;
+      return;
+    }
+  }
+  const auto code = static_cast<utf8proc_int32_t>(cp);
+  append(out, c == Case::kLower   ? utf8proc_tolower(code)
+              : c == Case::kTitle ? utf8proc_totitle(code)
+                                  : utf8proc_toupper(code));
 }
 
 }  // namespace
 
 std::string to_upper(std::string_view s) {
-  return map_code_points(s, upper);
+  return map_code_points(s,
+                         [](char32_t cp, std::string& out) { append_case(cp, Case::kUpper, out); });
 }
 std::string to_lower(std::string_view s) {
-  return map_code_points(s, lower);
+  return map_code_points(s,
+                         [](char32_t cp, std::string& out) { append_case(cp, Case::kLower, out); });
 }
 
 std::string to_title(std::string_view s) {
   bool previous_cased = false;
-  return map_code_points(s, [&](char32_t cp) {
-    const char32_t mapped = previous_cased ? lower(cp) : title(cp);
+  return map_code_points(s, [&](char32_t cp, std::string& out) {
+    append_case(cp, previous_cased ? Case::kLower : Case::kTitle, out);
     previous_cased = is_cased(cp);
-    return mapped;
   });
 }
 
 std::string capitalize(std::string_view s) {
   bool first = true;
-  return map_code_points(s, [&](char32_t cp) {
-    const char32_t mapped = first ? title(cp) : lower(cp);
+  return map_code_points(s, [&](char32_t cp, std::string& out) {
+    append_case(cp, first ? Case::kTitle : Case::kLower, out);
     first = false;
-    return mapped;
   });
 }
 

@@ -27,9 +27,6 @@ char32_t next(std::string_view s, size_t& pos);
 
 void append(std::string& out, char32_t cp);
 
-// Number of bytes at the end of s that form an incomplete (but so far valid) sequence.
-size_t incomplete_tail(std::string_view s);
-
 // Python str semantics on code points.
 bool is_space(char32_t cp);  // str.isspace()
 std::string to_upper(std::string_view s);

@@ -128,6 +128,14 @@ TEST(BatchedForward, ChunksAndSplitPromptsAgreeWithOneSequence) {
   model->forward(first);
   Model::Chunk second{ids.data() + 10, n - 10, &a, got.data() + size_t(10) * V, true};
   model->forward({&second, 1});
+  // A prefill piece without logits still fills the caches: C sees 10 + 14 tokens.
+  LayerCaches c_caches = testing::f32_caches(*model);
+  std::vector<float> c_last(static_cast<size_t>(V));
+  Model::Chunk c_first{ids.data(), 10, &c_caches, nullptr, false};
+  model->forward({&c_first, 1});
+  Model::Chunk c_rest{ids.data() + 10, n - 10, &c_caches, c_last.data(), false};
+  model->forward({&c_rest, 1});
+  for (int i = 0; i < V; ++i) ASSERT_NEAR(c_last[size_t(i)], want[size_t(n - 1) * V + i], 1e-4f);
   for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
   for (int i = 0; i < V; ++i) ASSERT_NEAR(b_last[size_t(i)], want[size_t(n - 1) * V + i], 1e-4f);
 }

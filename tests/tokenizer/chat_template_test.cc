@@ -79,6 +79,10 @@ TEST(ChatTemplate, PythonValueSemantics) {
             "empty|0|True|True");
   EXPECT_EQ(render("{{ x | tojson }}", {{"x", {{"z", "ü\n\"q\""}, {"a", {1, 2.0}}}}}),
             "{\"z\": \"ü\\n\\\"q\\\"\", \"a\": [1, 2.0]}");
+  // printf-style formatting; expected strings are Python's.
+  EXPECT_EQ(render("{{ '%s-%d' % ('a', 3) }}|{{ '%05.2f' % 3.14159 }}|{{ '%s' % [1, 'a'] }}|"
+                   "{{ '%s and %s' | format('a', 2) }}|{{ '%.3e' % 12345.678 }}"),
+            "a-3|03.14|[1, 'a']|a and 2|1.235e+04");
   EXPECT_EQ(render("{{ x | tojson(indent=2) }}", {{"x", {{"a", {1}}, {"b", ojson::object()}}}}),
             "{\n  \"a\": [\n    1\n  ],\n  \"b\": {}\n}");
 }
@@ -130,6 +134,8 @@ TEST(ChatTemplate, StatementsAndWhitespaceControl) {
   EXPECT_EQ(render("a  {{- ' b ' -}}  c"), "a b c");
   EXPECT_EQ(render("{# comment #}\nx{%+ if true %}y{% endif %}"), "xy");
   EXPECT_EQ(render("  {%+ if true +%}\nx{% endif %}"), "  \nx");
+  EXPECT_EQ(render("{% raw %}\n{{ not evaluated }}{% if %}\n  {% endraw %}|"),
+            "\n{{ not evaluated }}{% if %}\n|");
 }
 
 TEST(ChatTemplate, RuntimeErrorsUsePythonMessages) {

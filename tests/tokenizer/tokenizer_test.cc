@@ -103,6 +103,29 @@ TEST(Tokenizer, ModelDirConfig) {
   EXPECT_EQ(tokenizer->decode(std::vector<int32_t>{8190, 2790, 8191}, true), "user");
 }
 
+// A model dir whose template is in chat_template.jinja and whose eos ids are a list.
+TEST(Tokenizer, ModelDirTemplateFileAndEosList) {
+  const auto dir = std::filesystem::temp_directory_path() / "turbokv_tokenizer_model_dir";
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(kFixtures + "llama3style-tokenizer.json", dir / "tokenizer.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::ofstream(dir / "tokenizer_config.json")
+      << R"({"bos_token": {"content": "<|begin_of_text|>"}, "eos_token": "<|eot_id|>",
+             "add_bos_token": true})";
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [4097, 4100]})";
+  std::ofstream(dir / "chat_template.jinja") << "{{ bos_token }}";
+  const auto tokenizer = Tokenizer::from_model_dir(dir.string());
+  EXPECT_EQ(tokenizer->config().chat_template, "{{ bos_token }}");
+  EXPECT_EQ(tokenizer->config().eos_token_ids, (std::vector<int32_t>{4097, 4100}));
+  EXPECT_EQ(tokenizer->config().bos_token, "<|begin_of_text|>");
+  // add_bos_token without a post-processor that adds it: BOS (id 4096) is prepended.
+  EXPECT_TRUE(tokenizer->config().add_bos_token);
+  EXPECT_EQ(tokenizer->encode("Hello world"),
+            (std::vector<int32_t>{4096, 39, 555, 361, 332, 266, 3127}));
+  EXPECT_EQ(tokenizer->encode("Hello world", false),
+            (std::vector<int32_t>{39, 555, 361, 332, 266, 3127}));
+}
+
 TEST(Tokenizer, BadInputIsATypedError) {
   const auto tokenizer = load_named("tinycode");
   EXPECT_THROW(tokenizer->encode("bad \xFF byte"), InvalidArgument);
@@ -148,7 +171,7 @@ TEST(Tokenizer, StructuralErrorsNameTheBadEntry) {
   EXPECT_NE(error_of(R"({"model": {"type": "BPE", "vocab": {}, "merges": []},
                           "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(a"},
                                             "behavior": "Isolated"}})")
-                .find("invalid regex '(a'"),
+                .find("tokenizer.json: pre_tokenizer.pattern: invalid regex '(a'"),
             std::string::npos);
   EXPECT_THROW(Tokenizer::from_file("/nonexistent/tokenizer.json"), IoError);
 }
@@ -175,14 +198,45 @@ TEST(Tokenizer, StringAndListMergesAgree) {
 TEST(Tokenizer, NormalizedAddedTokensMatchAfterNormalization) {
   std::ifstream in(kFixtures + "spmstyle-tokenizer.json");
   nlohmann::json root = nlohmann::json::parse(in);
-  root["added_tokens"].push_back({{"id", 4096}, {"content", "\u2581world"}, {"single_word", false},
-                                  {"lstrip", false}, {"rstrip", false}, {"normalized", true},
+  root["added_tokens"].push_back({{"id", 4096},
+                                  {"content", "\u2581world"},
+                                  {"single_word", false},
+                                  {"lstrip", false},
+                                  {"rstrip", false},
+                                  {"normalized", true},
                                   {"special", false}});
   EXPECT_EQ(HfTokenizer(root).encode("Hello world"),
             (std::vector<int32_t>{415, 300, 553, 552, 4096}));
   root["added_tokens"].back()["normalized"] = false;
   EXPECT_EQ(HfTokenizer(root).encode("Hello world"),
             (std::vector<int32_t>{415, 300, 553, 552, 415, 3189, 336, 328}));
+}
+
+// Metaspace pre-tokenizer/decoder and a TemplateProcessing BOS on a hand-made vocabulary; the
+// expected ids follow HF's rules by hand: "ab ab" -> "▁ab▁ab" -> pieces "▁ab" "▁ab"; in "▁ab"
+// the merge "▁ a" (rank 0) beats "a b" (rank 1), then "▁a b" gives "▁ab". Split is
+// MergedWithNext, so "a  b" -> "▁a" "▁" "▁b".
+TEST(Tokenizer, MetaspaceAndTemplateProcessing) {
+  const nlohmann::json root = nlohmann::json::parse(R"({
+    "model": {"type": "BPE", "vocab": {"<s>": 0, "\u2581": 1, "a": 2, "b": 3, "\u2581a": 4,
+                                       "ab": 5, "\u2581ab": 6},
+              "merges": ["\u2581 a", "a b", "\u2581a b"]},
+    "added_tokens": [{"id": 0, "content": "<s>", "special": true}],
+    "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
+                      "split": true},
+    "post_processor": {"type": "TemplateProcessing",
+                       "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                  {"Sequence": {"id": "A", "type_id": 0}}],
+                       "special_tokens": {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]}}},
+    "decoder": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
+                "split": true}})");
+  HfTokenizer tokenizer(root);
+  EXPECT_EQ(tokenizer.encode("ab ab"), (std::vector<int32_t>{0, 6, 6}));
+  EXPECT_EQ(tokenizer.encode("ab ab", false), (std::vector<int32_t>{6, 6}));
+  EXPECT_EQ(tokenizer.encode("a  b", false), (std::vector<int32_t>{4, 1, 1, 3}));
+  EXPECT_TRUE(tokenizer.config().add_bos_token);
+  EXPECT_EQ(tokenizer.decode(std::vector<int32_t>{0, 6, 6}), "<s> ab ab");
+  EXPECT_EQ(tokenizer.decode(std::vector<int32_t>{0, 6, 6}, true), "ab ab");
 }
 
 // The per-piece cache returns what the plain BPE computes.
