@@ -1,5 +1,6 @@
 // Codec throughput at d = 128, b = 3 and 4, 1 and 2 threads: quantize (norm, rotation,
-// nearest centroid, pack) and score (rotated query against packed codes), each beside an
+// nearest centroid, pack), score (rotated query against packed codes; also two query heads
+// per pass, per query) and accumulate (weighted sum of coded vectors), each beside an
 // AVX2+FMA fp32 dot-product loop over the same vectors, measured in the same run.
 // GB/s are of fp32 input (n · d · 4 bytes), so the columns compare work per vector.
 // Usage: bench_codec [--vectors N] [--reps R]
@@ -85,6 +86,7 @@ int main(int argc, char** argv) {
   }
   const int d = 128;
   std::vector<float> x(size_t(n) * d), q(d), scores(n);  // x [n, d]
+  std::vector<float> scores_pair(2 * size_t(n));         // per chunk of rows: [2, chunk] scores
   Xoshiro256 rng(1);
   for (auto& v : x) v = float(rng.gaussian());
   for (auto& v : q) v = float(rng.gaussian());
@@ -94,7 +96,7 @@ int main(int argc, char** argv) {
               best_isa() == Isa::kAvx2 ? "AVX2" : "scalar");
   std::printf(
       "wall: Mvec/s and GB/s of fp32 input; per core: GB/s per CPU-second of all threads\n");
-  std::printf("%4s %7s %-9s %10s %10s %14s %16s\n", "bits", "threads", "op", "Mvec/s", "GB/s",
+  std::printf("%4s %7s %-10s %10s %10s %14s %16s\n", "bits", "threads", "op", "Mvec/s", "GB/s",
               "GB/s per core", "fp32 dot time /");
   for (int bits : {3, 4}) {
     const MseCodec codec({d, bits, 0, RotationRole::kKey, true});
@@ -112,13 +114,36 @@ int main(int argc, char** argv) {
                       end - begin, scores.data() + begin);
         });
       });
+      // Two query heads per KV head (GQA) in one pass; timing per query (halved below).
+      Timing score_gqa2 = best_of(reps, [&] {
+        std::vector<float> rq(2 * d);  // [2, d]
+        codec.rotate_query(q.data(), rq.data());
+        codec.rotate_query(q.data(), rq.data() + d);
+        parallel_for(n, 1024, [&](int64_t begin, int64_t end) {
+          codec.score_multi(rq.data(), 2, codes.data() + begin * codec.code_bytes(),
+                            norms.data() + begin, end - begin, scores_pair.data() + 2 * begin);
+        });
+      });
+      score_gqa2.wall /= 2;
+      score_gqa2.cpu /= 2;
+      // Σ_t w_t · vector t (attention's value side), split over threads, partial sums merged.
+      const Timing accumulate = best_of(reps, [&] {
+        std::vector<float> partial(size_t(threads) * d, 0.0f);  // [threads, d]
+        parallel_tasks(threads, [&](int task) {
+          const int64_t begin = n * task / threads, end = n * (task + 1) / threads;
+          codec.accumulate(scores.data() + begin, codes.data() + begin * codec.code_bytes(),
+                           norms.data() + begin, end - begin, partial.data() + size_t(task) * d);
+        });
+      });
       const Timing dot = best_of(reps, [&] { fp32_dots(q.data(), x.data(), n, d, scores.data()); });
       auto row = [&](const char* op, const Timing& t) {
-        std::printf("%4d %7d %-9s %10.2f %10.2f %14.2f %9.2f wall\n", bits, threads, op,
+        std::printf("%4d %7d %-10s %10.2f %10.2f %14.2f %9.2f wall\n", bits, threads, op,
                     n / t.wall / 1e6, gb / t.wall, gb / t.cpu, dot.wall / t.wall);
       };
       row("quantize", quantize);
       row("score", score);
+      row("score-gqa2", score_gqa2);
+      row("accumulate", accumulate);
       row("fp32-dot", dot);
     }
   }

@@ -64,7 +64,7 @@ struct GenerationStats {
   double prompt_seconds = 0;      // from the first prefill chunk to the first sampled token
   double generation_seconds = 0;  // from the first sampled token to the last
   double prompt_tps = 0;          // prompt_tokens / prompt_seconds
-  double generation_tps = 0;      // (generated_tokens - 1) / generation_seconds: decode steps
+  double generation_tps = 0;      // decode steps (sampled tokens - 1) / generation_seconds
   // The KV cache at the end: cached_tokens is what the caches hold (prompt + generated - 1: the
   // last sampled token is never fed back). kv_bytes is the caches' exact nbytes(), and
   // kv_bytes_dense the fp16 size of the same tokens:

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <thread>
@@ -43,6 +44,9 @@ int run_server(int argc, char** argv) {
   if (int rc = parse(app, argc, argv); rc >= 0) return rc;
   if (options.max_tokens < 1) throw InvalidArgument("--max-tokens-limit must be >= 1");
   if (options.http_threads < 1) throw InvalidArgument("--http-threads must be >= 1");
+  // Every sequence decodes one token per step and prefill still gets a full chunk.
+  engine_options.max_batch_tokens = std::max(
+      engine_options.max_batch_tokens, engine_options.max_sequences + engine_options.prefill_chunk);
 
   auto engine = engine_flags.load(engine_options);
   server::Server server(*engine, options);

@@ -1,3 +1,4 @@
+// Sampler and RNG implementation (see sampler.h for the order of the filters).
 #include "engine/sampler.h"
 
 #include <algorithm>
@@ -27,41 +28,6 @@ void validate_sampling(const SamplingOptions& o) {
   if (o.repetition_context < 0) {
     throw InvalidArgument(str_cat("repetition_context=", o.repetition_context, " must be >= 0"));
   }
-}
-
-namespace {
-
-uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-uint64_t rotl(uint64_t x, int k) {
-  return (x << k) | (x >> (64 - k));
-}
-
-}  // namespace
-
-Rng::Rng(uint64_t seed) {
-  for (auto& s : s_) s = splitmix64(seed);
-}
-
-uint64_t Rng::next() {
-  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
-  const uint64_t t = s_[1] << 17;
-  s_[2] ^= s_[0];
-  s_[3] ^= s_[1];
-  s_[1] ^= s_[2];
-  s_[0] ^= s_[3];
-  s_[2] ^= t;
-  s_[3] = rotl(s_[3], 45);
-  return result;
-}
-
-double Rng::uniform() {
-  return static_cast<double>(next() >> 11) * 0x1.0p-53;
 }
 
 int32_t argmax(std::span<const float> logits) {

@@ -1,5 +1,5 @@
 // Next-token sampling from one row of logits: repetition penalty, temperature, top-k, top-p,
-// min-p, then a draw from our own seeded generator (bit-identical on every platform).
+// min-p, then a draw from the seeded xoshiro256** of src/quant (bit-identical everywhere).
 // Temperature 0 is greedy argmax.
 #pragma once
 
@@ -7,23 +7,13 @@
 #include <span>
 #include <vector>
 
+#include "quant/rng.h"
 #include "turbokv/engine.h"
 
 namespace turbokv {
 
 // Throws InvalidArgument naming the field when an option is out of range.
 void validate_sampling(const SamplingOptions& options);
-
-// splitmix64-seeded xoshiro256**.
-class Rng {
- public:
-  explicit Rng(uint64_t seed);
-  uint64_t next();
-  double uniform();  // [0, 1) with 53 random bits
-
- private:
-  uint64_t s_[4];
-};
 
 class Sampler {
  public:
@@ -34,7 +24,7 @@ class Sampler {
 
  private:
   SamplingOptions options_;
-  Rng rng_;
+  quant::Xoshiro256 rng_;  // splitmix64-seeded xoshiro256**, as the codecs use
   std::vector<std::pair<float, int32_t>> candidates_;  // [vocab] (prob or logit, id)
 };
 

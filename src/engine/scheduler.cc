@@ -1,3 +1,6 @@
+// The engine thread's step loop: admission, batch building (decode first, then prefill chunks
+// within the token budget), one batched forward, sampling and stop handling per sequence, and
+// the per-request mailboxes that GenerationStream reads.
 #include "engine/scheduler.h"
 
 #include <algorithm>
@@ -61,7 +64,8 @@ struct Scheduler::Sequence {
   StopStringMatcher stops;
   std::vector<int32_t> history;  // prompt + generated tokens
   int64_t prefilled = 0;         // prompt tokens in the caches
-  int64_t generated = 0;         // sampled tokens, stopping EOS excluded
+  int64_t sampled = 0;           // sampled tokens, a stopping EOS included
+  int64_t generated = 0;         // sampled tokens, a stopping EOS excluded
   std::vector<float> logits;     // [vocab] of the last token fed
   bool started = false, done = false;
   Clock::time_point t_start, t_first_token, t_last_token;
@@ -240,12 +244,13 @@ GenerationStats Scheduler::stats_of(const Sequence& seq) const {
   s.prompt_tokens = static_cast<int64_t>(seq.req->prompt.size());
   s.generated_tokens = seq.generated;
   s.kv = seq.req->kv;
-  if (seq.generated > 0) {
+  if (seq.sampled > 0) {
     s.prompt_seconds = std::chrono::duration<double>(seq.t_first_token - seq.t_start).count();
     s.generation_seconds =
         std::chrono::duration<double>(seq.t_last_token - seq.t_first_token).count();
     if (s.prompt_seconds > 0) s.prompt_tps = s.prompt_tokens / s.prompt_seconds;
-    if (s.generation_seconds > 0) s.generation_tps = (seq.generated - 1) / s.generation_seconds;
+    // Decode steps: every sampled token after the first came from one forward pass.
+    if (s.generation_seconds > 0) s.generation_tps = (seq.sampled - 1) / s.generation_seconds;
   }
   if (!seq.caches.empty()) {
     s.cached_tokens = seq.caches.front()->size();
@@ -274,7 +279,7 @@ void Scheduler::finish(Sequence& seq, FinishReason reason, std::string text, int
 
 void Scheduler::on_token(Sequence& seq, int32_t token) {
   const auto now = Clock::now();
-  if (seq.generated == 0) seq.t_first_token = now;
+  if (seq.sampled++ == 0) seq.t_first_token = now;
   seq.t_last_token = now;
   const auto& opt = seq.req->options;
   const bool is_stop_token =

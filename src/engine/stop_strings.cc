@@ -1,3 +1,4 @@
+// Stop-string matching with hold-back of possible stop-string prefixes (see stop_strings.h).
 #include "engine/stop_strings.h"
 
 #include <algorithm>

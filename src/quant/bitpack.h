@@ -17,8 +17,23 @@ namespace turbokv::quant {
 struct PackedLayout {
   int dim = 0;
   int bits = 0;
-  size_t code_bytes() const { return (size_t(dim) * size_t(bits) + 7) / 8; }
+  constexpr size_t code_bytes() const { return (size_t(dim) * size_t(bits) + 7) / 8; }
 };
+
+// The same layout with compile-time sizes, for kernels specialized on (dim, bits).
+template <int Dim, int Bits>
+struct PackedFormat {
+  static_assert(Dim >= 1 && Bits >= 1 && Bits <= 8, "dim >= 1, bits 1..8");
+  static constexpr int kDim = Dim;
+  static constexpr int kBits = Bits;
+  static constexpr size_t kCodeBytes = (size_t(Dim) * Bits + 7) / 8;
+  // MSE codec record: codes + one fp16 norm.
+  static constexpr size_t kMseBytesPerVector = kCodeBytes + 2;
+  static constexpr PackedLayout layout() { return PackedLayout{Dim, Bits}; }
+};
+// DESIGN §2: at head_dim 128, K3/V4 costs 50 + 66 = 116 bytes per token per KV head.
+static_assert(PackedFormat<128, 3>::kMseBytesPerVector + PackedFormat<128, 4>::kMseBytesPerVector ==
+              116);
 
 // Throws InvalidArgument for bits outside 1..8 or dim < 1.
 PackedLayout make_packed_layout(int dim, int bits);

@@ -134,7 +134,7 @@ CodecStats measure_codec(int dim, double bits, const std::string& mode, int64_t 
 
 namespace {
 
-// Row p of the exact or quantized attention output for one query head: softmax over t <= p.
+// scores [n] -> softmax probabilities, in place.
 void softmax_in_place(float* scores, int n) {
   const float m = *std::max_element(scores, scores + n);
   double sum = 0;

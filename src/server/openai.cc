@@ -1,3 +1,4 @@
+// OpenAI request parsing with typed 400 errors, and the response/usage JSON (see openai.h).
 #include "server/openai.h"
 
 #include <cmath>
@@ -27,36 +28,29 @@ const json* field(const json& body, const char* key) {
   return &*it;
 }
 
+// The field as a T when present and not null; a 400 naming the field when it has another type.
+template <typename T>
+std::optional<T> get_typed(const json& body, const char* key, bool (json::*has_type)() const,
+                           const char* expected) {
+  const json* v = field(body, key);
+  if (!v) return std::nullopt;
+  if (!(v->*has_type)()) {
+    throw invalid(key, str_cat("'", key, "' must be ", expected, ", got ", v->dump()));
+  }
+  return v->get<T>();
+}
+
 std::optional<int64_t> get_int(const json& body, const char* key) {
-  const json* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (!v->is_number_integer()) {
-    throw invalid(key, str_cat("'", key, "' must be an integer, got ", v->dump()));
-  }
-  return v->get<int64_t>();
+  return get_typed<int64_t>(body, key, &json::is_number_integer, "an integer");
 }
-
 std::optional<double> get_number(const json& body, const char* key) {
-  const json* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (!v->is_number()) throw invalid(key, str_cat("'", key, "' must be a number, got ", v->dump()));
-  return v->get<double>();
+  return get_typed<double>(body, key, &json::is_number, "a number");
 }
-
 std::optional<bool> get_bool(const json& body, const char* key) {
-  const json* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (!v->is_boolean()) {
-    throw invalid(key, str_cat("'", key, "' must be true or false, got ", v->dump()));
-  }
-  return v->get<bool>();
+  return get_typed<bool>(body, key, &json::is_boolean, "true or false");
 }
-
 std::optional<std::string> get_string(const json& body, const char* key) {
-  const json* v = field(body, key);
-  if (!v) return std::nullopt;
-  if (!v->is_string()) throw invalid(key, str_cat("'", key, "' must be a string, got ", v->dump()));
-  return v->get<std::string>();
+  return get_typed<std::string>(body, key, &json::is_string, "a string");
 }
 
 // A bit width as a number or a numeric string ("3.5").

@@ -1,3 +1,5 @@
+// httplib routes of the OpenAI-compatible server: auth, error bodies, plain and SSE responses,
+// Prometheus metrics (see server.h).
 #include "server/server.h"
 
 #include <httplib.h>
@@ -144,8 +146,6 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
                    "invalid_request_error", chat ? "messages" : "prompt",
                    "context_length_exceeded");
   }
-  std::shared_ptr<GenerationStream> stream = engine.submit(std::move(tokens), r.options);
-
   const std::string id = str_cat(chat ? "chatcmpl-" : "cmpl-", next_id++);
   const json base = {{"id", id},
                      {"object", chat ? "chat.completion.chunk" : "text_completion"},
@@ -166,15 +166,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   };
 
   if (!r.stream) {
-    GenerationResult result;
-    GenerationChunk chunk;
-    while (stream->next(&chunk)) {
-      result.text += chunk.text;
-      if (chunk.done) {
-        result.finish_reason = chunk.finish_reason;
-        result.stats = chunk.stats;
-      }
-    }
+    const GenerationResult result = engine.generate(std::move(tokens), r.options);
     json out = base;
     json c = {{"index", 0},
               {"logprobs", nullptr},
@@ -191,6 +183,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     return;
   }
 
+  std::shared_ptr<GenerationStream> stream = engine.submit(std::move(tokens), r.options);
   struct State {
     bool role_sent = false;
     bool finished = false;

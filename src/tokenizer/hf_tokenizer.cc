@@ -162,6 +162,11 @@ void HfTokenizer::load_model_config(const std::string& dir) {
       }
     }
   }
+  // Newer transformers save the template next to the config as chat_template.jinja.
+  const fs::path jinja_path = fs::path(dir) / "chat_template.jinja";
+  if (config_.chat_template.empty() && fs::exists(jinja_path)) {
+    config_.chat_template = read_file(jinja_path.string());
+  }
   const fs::path generation_path = fs::path(dir) / "generation_config.json";
   if (fs::exists(generation_path)) {
     const auto gen = parse_json_located<json>(read_file(generation_path), generation_path.string());

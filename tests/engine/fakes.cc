@@ -1,3 +1,4 @@
+// Test doubles for the scheduler tests (see fakes.h).
 #include "fakes.h"
 
 #include "core/error.h"

@@ -55,6 +55,15 @@ TEST(Bitpack, RoundTripsEveryBitWidthAndAwkwardDims) {
   }
 }
 
+TEST(Bitpack, CompileTimeFormatMatchesRuntimeLayout) {
+  static_assert(PackedFormat<80, 3>::kCodeBytes == 30);
+  static_assert(PackedFormat<3, 5>::kCodeBytes == 2);
+  using Format128x4 = PackedFormat<128, 4>;
+  using Format97x7 = PackedFormat<97, 7>;
+  EXPECT_EQ(make_packed_layout(128, 4).code_bytes(), Format128x4::kCodeBytes);
+  EXPECT_EQ(make_packed_layout(97, 7).code_bytes(), Format97x7::layout().code_bytes());
+}
+
 TEST(Bitpack, InvalidParametersThrow) {
   EXPECT_THROW(make_packed_layout(128, 0), InvalidArgument);
   EXPECT_THROW(make_packed_layout(128, 9), InvalidArgument);

@@ -1,8 +1,8 @@
 // Server tests: starts `turbokv server` on a free loopback port (--port 0) and drives it with curl
 // and the official `openai` npm client: models, chat completions and completions (plain and
-// streamed), 16 concurrent streams against the same requests made alone, per-request KV
-// options, the API key, and bad requests that must get an OpenAI error body while the server
-// keeps serving.
+// streamed), 16 concurrent streams (dense and TurboQuant mixed in one batch) against the same
+// requests made alone, per-request KV options, the API key, and bad requests that must get an
+// OpenAI error body while the server keeps serving.
 //
 // usage: node server_test.mjs <turbokv binary> [model dir]
 import assert from 'node:assert/strict';
@@ -144,23 +144,25 @@ test('completion, plain and streamed, writes Python and agrees', async ({ client
   assert.equal(streamed.finish, plain.choices[0].finish_reason);
 });
 
-test('16 concurrent streams equal the same requests made alone', async ({ url, client }) => {
+test('16 concurrent streams (dense and 3.5-bit mixed) equal the same requests made alone',
+     async ({ url, client }) => {
+  // 8 distinct requests (4 prompts x dense / TurboQuant 3.5), each sent by two clients at once.
   const prompts = ['import os\n', 'class Stack:\n', 'def main():\n', 'for i in range(10):\n'];
-  const requests = [];
-  for (let i = 0; i < 16; ++i) {
-    requests.push({ model: 'tinycode-llama', prompt: prompts[i % 4], max_tokens: 48,
-                    temperature: 0 });
+  const distinct = [];
+  for (const prompt of prompts) {
+    for (const kv of [{}, { kv_bits: 3.5 }]) {
+      distinct.push({ model: 'tinycode-llama', prompt, max_tokens: 48, temperature: 0, ...kv });
+    }
   }
   const alone = [];
-  for (const p of prompts) {
-    alone.push((await streamText(client, 'completion', { ...requests[0], prompt: p })).text);
-  }
+  for (const r of distinct) alone.push((await streamText(client, 'completion', r)).text);
   const passes = async () => Number((await curl(`${url}/metrics`)).text
     .match(/^turbokv_forward_passes_total (\d+)/m)[1]);
   const before = await passes();
-  const together = await Promise.all(requests.map((r) => streamText(client, 'completion', r)));
+  const clients = [...distinct, ...distinct];
+  const together = await Promise.all(clients.map((r) => streamText(client, 'completion', r)));
   const after = await passes();
-  together.forEach((r, i) => assert.equal(r.text, alone[i % 4], `client ${i}`));
+  together.forEach((r, i) => assert.equal(r.text, alone[i % 8], `client ${i}`));
   // Batching: far fewer forward passes than one per client per token.
   assert.ok(after - before < 16 * 48, `forward passes ${after - before} for 16 clients`);
 });

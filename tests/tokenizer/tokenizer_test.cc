@@ -103,6 +103,29 @@ TEST(Tokenizer, ModelDirConfig) {
   EXPECT_EQ(tokenizer->decode(std::vector<int32_t>{8190, 2790, 8191}, true), "user");
 }
 
+// A model dir whose template is in chat_template.jinja and whose eos ids are a list.
+TEST(Tokenizer, ModelDirTemplateFileAndEosList) {
+  const auto dir = std::filesystem::temp_directory_path() / "turbokv_tokenizer_model_dir";
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(kFixtures + "llama3style-tokenizer.json", dir / "tokenizer.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::ofstream(dir / "tokenizer_config.json")
+      << R"({"bos_token": {"content": "<|begin_of_text|>"}, "eos_token": "<|eot_id|>",
+             "add_bos_token": true})";
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [4097, 4100]})";
+  std::ofstream(dir / "chat_template.jinja") << "{{ bos_token }}";
+  const auto tokenizer = Tokenizer::from_model_dir(dir.string());
+  EXPECT_EQ(tokenizer->config().chat_template, "{{ bos_token }}");
+  EXPECT_EQ(tokenizer->config().eos_token_ids, (std::vector<int32_t>{4097, 4100}));
+  EXPECT_EQ(tokenizer->config().bos_token, "<|begin_of_text|>");
+  // add_bos_token without a post-processor that adds it: BOS (id 4096) is prepended.
+  EXPECT_TRUE(tokenizer->config().add_bos_token);
+  EXPECT_EQ(tokenizer->encode("Hello world"),
+            (std::vector<int32_t>{4096, 39, 555, 361, 332, 266, 3127}));
+  EXPECT_EQ(tokenizer->encode("Hello world", false),
+            (std::vector<int32_t>{39, 555, 361, 332, 266, 3127}));
+}
+
 TEST(Tokenizer, BadInputIsATypedError) {
   const auto tokenizer = load_named("tinycode");
   EXPECT_THROW(tokenizer->encode("bad \xFF byte"), InvalidArgument);

@@ -31,7 +31,9 @@ namespace turbokv::attention_detail {
 constexpr int kTileTokens = 16;  // keys decoded and scored together
 constexpr int kQueryBlock = 16;  // queries per work item (times G rows)
 constexpr int64_t kSplitTokens = 512;
-constexpr int kPrefetchTiles = 2;  // keys per split when one query block covers all queries
+constexpr int kPrefetchTiles = 2;
+constexpr int kRowBlock = 4;  // query rows (GQA heads of one query) sharing each loaded element  //
+                              // keys per split when one query block covers all queries
 
 // A decoded tile: rows [n, d]; scale [n] multiplies each row, nullptr for none.
 struct TileRows {
@@ -120,21 +122,23 @@ inline void visible_key_range(const AttendProblem& p, int q_begin, int q_end, in
   *k_end = std::clamp<int64_t>(last_q_pos - p.k_first_pos + 1, 0, p.n_tokens);
 }
 
-// One item: query rows of KV head h, queries [q_begin, q_end), keys [k_begin, k_end).
+// One item: query rows of KV head h, queries [q_begin, q_end), keys [k_begin, k_end). The G
+// rows of one query share its mask; they go through the ISA's block primitives up to
+// kRowBlock at a time, so each key / value element loaded serves several rows.
 template <class Isa, int D, class Tiles>
 void attend_item(const Tiles& tiles, const AttendProblem& p, int h, int q_begin, int q_end,
                  int64_t k_begin, int64_t k_end, SoftmaxStates& state) {
   const int d = D > 0 ? D : p.head_dim;
   const int group = p.n_heads / p.kv_heads;
-  const int rows = (q_end - q_begin) * group;
-  state.reset(rows, d);
+  state.reset((q_end - q_begin) * group, d);
   alignas(64) float key_scratch[kTileTokens * (D > 0 ? D : 1)];
   alignas(64) float value_scratch[kTileTokens * (D > 0 ? D : 1)];
   std::vector<float> dynamic_scratch(D > 0 ? 0 : 2 * kTileTokens * d);
   float* key_tile_buffer = D > 0 ? key_scratch : dynamic_scratch.data();
   float* value_tile_buffer = D > 0 ? value_scratch : dynamic_scratch.data() + kTileTokens * d;
-  alignas(32) float scores[kTileTokens] = {};
-  alignas(32) float weights[kTileTokens] = {};
+  alignas(32) float scores[kRowBlock][kTileTokens] = {};   // then exp(s - m)
+  alignas(32) float weights[kRowBlock][kTileTokens] = {};  // exp(s - m) * value scale
+  float alpha[kRowBlock];
   alignas(32) float key_scale_scratch[kTileTokens] = {};  // entries past n stay finite
   alignas(32) float value_scale_scratch[kTileTokens] = {};
   const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -143,52 +147,56 @@ void attend_item(const Tiles& tiles, const AttendProblem& p, int h, int q_begin,
     const int n = static_cast<int>(std::min<int64_t>(kTileTokens, k_end - t0));
     const int64_t tile_first_pos = p.k_first_pos + t0;
     const int64_t ahead = t0 + kPrefetchTiles * kTileTokens;
-    if (ahead < k_end)
+    if (ahead < k_end) {
       tiles.prefetch(h, ahead, static_cast<int>(std::min<int64_t>(kTileTokens, k_end - ahead)));
+    }
     const TileRows keys = tiles.keys(h, t0, n, key_tile_buffer, key_scale_scratch);
     TileRows values;
-    for (int r = 0; r < rows; ++r) {
-      const int qi = q_begin + r / group;
-      const int head = h * group + r % group;
+    for (int qi = q_begin; qi < q_end; ++qi) {
       const int64_t q_pos = p.q_first_pos + qi;
       // Visible tile tokens form one interval [lo, hi).
       int lo = 0;
-      int hi = static_cast<int>(std::clamp<int64_t>(q_pos - tile_first_pos + 1, 0, n));
+      const int hi = static_cast<int>(std::clamp<int64_t>(q_pos - tile_first_pos + 1, 0, n));
       if (p.sliding_window > 0) {
         lo = static_cast<int>(
             std::clamp<int64_t>(q_pos - p.sliding_window + 1 - tile_first_pos, 0, n));
       }
       if (lo >= hi) continue;
-      const float* q = p.q + (static_cast<int64_t>(qi) * p.n_heads + head) * d;
-      Isa::template dot_rows<D>(q, keys.rows, n, d, scores);
-      Isa::scale_scores(scores, keys.scale, p.scale);
-      if (p.logit_softcap > 0) {
-        for (int t = 0; t < n; ++t) {
-          scores[t] = p.logit_softcap * std::tanh(scores[t] / p.logit_softcap);
+      for (int g0 = 0; g0 < group; g0 += kRowBlock) {
+        const int block = std::min(kRowBlock, group - g0);
+        const int first_row = (qi - q_begin) * group + g0;
+        const float* q = p.q + (static_cast<int64_t>(qi) * p.n_heads + h * group + g0) * d;
+        Isa::template dot_block<D>(block, q, keys.rows, n, d, scores[0]);
+        for (int b = 0; b < block; ++b) {
+          float* s = scores[b];
+          Isa::scale_scores(s, keys.scale, p.scale);
+          if (p.logit_softcap > 0) {
+            for (int t = 0; t < n; ++t) s[t] = p.logit_softcap * std::tanh(s[t] / p.logit_softcap);
+          }
+          if (lo > 0 || hi < kTileTokens) {
+            for (int t = 0; t < kTileTokens; ++t) {
+              if (t < lo || t >= hi) s[t] = neg_inf;
+            }
+          }
+          const int r = first_row + b;
+          const float old_m = state.m[r];
+          const float new_m = std::max(old_m, Isa::max_score(s));
+          alpha[b] = std::exp(old_m - new_m);                 // 0 on the first visible tile
+          const float tile_sum = Isa::exp_shifted(s, new_m);  // s := exp(s - new_m)
+          state.l[r] = state.l[r] * alpha[b] + tile_sum;
+          state.m[r] = new_m;
         }
-      }
-      if (lo > 0 || hi < kTileTokens) {
-        for (int t = 0; t < kTileTokens; ++t) {
-          if (t < lo || t >= hi) scores[t] = neg_inf;
+        if (values.rows == nullptr) {
+          values = tiles.values(h, t0, n, value_tile_buffer, value_scale_scratch);
         }
+        const float* w = scores[0];
+        if (values.scale != nullptr) {
+          for (int b = 0; b < block; ++b) Isa::multiply(scores[b], values.scale, weights[b]);
+          w = weights[0];
+        }
+        Isa::template accumulate_block<D>(block, &state.acc[static_cast<size_t>(first_row) * d],
+                                          alpha, w, values.rows, n, d);
       }
-      const float tile_max = Isa::max_score(scores);
-      const float old_m = state.m[r];
-      const float new_m = std::max(old_m, tile_max);
-      const float alpha = std::exp(old_m - new_m);             // 0 on the first visible tile
-      const float tile_sum = Isa::exp_shifted(scores, new_m);  // scores := exp(s - new_m)
-      state.l[r] = state.l[r] * alpha + tile_sum;
-      state.m[r] = new_m;
-      if (values.rows == nullptr) {
-        values = tiles.values(h, t0, n, value_tile_buffer, value_scale_scratch);
-      }
-      const float* w = scores;
-      if (values.scale != nullptr) {
-        Isa::multiply(scores, values.scale, weights);
-        w = weights;
-      }
-      float* acc = &state.acc[static_cast<size_t>(r) * d];
-      Isa::template scale_accumulate<D>(acc, alpha, w, values.rows, n, d);
     }
   }
 }

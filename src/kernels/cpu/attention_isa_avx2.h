@@ -66,6 +66,119 @@ struct Avx2Isa {
     }
   }
 
+  // scores[b][t] = <q_b, keys[t]> for b < R: two keys at a time against R query rows, so each
+  // loaded key vector feeds R multiply-adds (2R independent accumulators).
+  template <int D, int R>
+  static void dot_block_rows(const float* q, const float* keys, int n, int d_runtime,
+                             float* scores) {
+    const int d = D > 0 ? D : d_runtime;
+    int t = 0;
+    for (; t + 2 <= n; t += 2) {
+      const float* k0 = keys + static_cast<int64_t>(t) * d;
+      const float* k1 = k0 + d;
+      __m256 a0[R], a1[R];
+      for (int b = 0; b < R; ++b) a0[b] = a1[b] = _mm256_setzero_ps();
+      for (int c = 0; c < d; c += 8) {
+        const __m256 x0 = _mm256_loadu_ps(k0 + c);
+        const __m256 x1 = _mm256_loadu_ps(k1 + c);
+        for (int b = 0; b < R; ++b) {
+          const __m256 qv = _mm256_loadu_ps(q + b * d + c);
+          a0[b] = _mm256_fmadd_ps(qv, x0, a0[b]);
+          a1[b] = _mm256_fmadd_ps(qv, x1, a1[b]);
+        }
+      }
+      for (int b = 0; b < R; ++b) {
+        // hadd(a0, a1) per 128-bit half: [a0 pairs, a1 pairs]; halves added: [p0 p1 q0 q1];
+        // one more hadd: [s0 s1 s0 s1].
+        const __m256 h = _mm256_hadd_ps(a0[b], a1[b]);
+        __m128 x = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        x = _mm_hadd_ps(x, x);
+        scores[b * kTileTokens + t] = _mm_cvtss_f32(x);
+        scores[b * kTileTokens + t + 1] = _mm_cvtss_f32(_mm_movehdup_ps(x));
+      }
+    }
+    for (; t < n; ++t) {
+      const float* k = keys + static_cast<int64_t>(t) * d;
+      for (int b = 0; b < R; ++b) {
+        __m256 a = _mm256_setzero_ps();
+        for (int c = 0; c < d; c += 8) {
+          a = _mm256_fmadd_ps(_mm256_loadu_ps(q + b * d + c), _mm256_loadu_ps(k + c), a);
+        }
+        scores[b * kTileTokens + t] = hsum(a);
+      }
+    }
+  }
+
+  template <int D>
+  static void dot_block(int rows, const float* q, const float* keys, int n, int d, float* scores) {
+    switch (rows) {
+      case 1:
+        return dot_block_rows<D, 1>(q, keys, n, d, scores);
+      case 2:
+        return dot_block_rows<D, 2>(q, keys, n, d, scores);
+      case 3:
+        return dot_block_rows<D, 3>(q, keys, n, d, scores);
+      default:
+        return dot_block_rows<D, 4>(q, keys, n, d, scores);
+    }
+  }
+
+  // acc[b] = acc[b] * alpha[b] + sum_t w[b][t] * values[t] for b < R, 16 columns at a time:
+  // 2R accumulators in registers, each loaded value vector feeds R multiply-adds.
+  template <int D, int R>
+  static void accumulate_block_rows(float* acc, const float* alpha, const float* w,
+                                    const float* values, int n, int d_runtime) {
+    const int d = D > 0 ? D : d_runtime;
+    int c = 0;
+    for (; c + 16 <= d; c += 16) {
+      __m256 a0[R], a1[R];
+      for (int b = 0; b < R; ++b) {
+        const __m256 scale = _mm256_set1_ps(alpha[b]);
+        a0[b] = _mm256_mul_ps(_mm256_loadu_ps(acc + b * d + c), scale);
+        a1[b] = _mm256_mul_ps(_mm256_loadu_ps(acc + b * d + c + 8), scale);
+      }
+      for (int t = 0; t < n; ++t) {
+        const float* v = values + static_cast<int64_t>(t) * d + c;
+        const __m256 v0 = _mm256_loadu_ps(v);
+        const __m256 v1 = _mm256_loadu_ps(v + 8);
+        for (int b = 0; b < R; ++b) {
+          const __m256 wt = _mm256_broadcast_ss(w + b * kTileTokens + t);
+          a0[b] = _mm256_fmadd_ps(wt, v0, a0[b]);
+          a1[b] = _mm256_fmadd_ps(wt, v1, a1[b]);
+        }
+      }
+      for (int b = 0; b < R; ++b) {
+        _mm256_storeu_ps(acc + b * d + c, a0[b]);
+        _mm256_storeu_ps(acc + b * d + c + 8, a1[b]);
+      }
+    }
+    if (c < d) {  // d % 16 == 8
+      for (int b = 0; b < R; ++b) {
+        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + b * d + c), _mm256_set1_ps(alpha[b]));
+        for (int t = 0; t < n; ++t) {
+          a = _mm256_fmadd_ps(_mm256_broadcast_ss(w + b * kTileTokens + t),
+                              _mm256_loadu_ps(values + static_cast<int64_t>(t) * d + c), a);
+        }
+        _mm256_storeu_ps(acc + b * d + c, a);
+      }
+    }
+  }
+
+  template <int D>
+  static void accumulate_block(int rows, float* acc, const float* alpha, const float* w,
+                               const float* values, int n, int d) {
+    switch (rows) {
+      case 1:
+        return accumulate_block_rows<D, 1>(acc, alpha, w, values, n, d);
+      case 2:
+        return accumulate_block_rows<D, 2>(acc, alpha, w, values, n, d);
+      case 3:
+        return accumulate_block_rows<D, 3>(acc, alpha, w, values, n, d);
+      default:
+        return accumulate_block_rows<D, 4>(acc, alpha, w, values, n, d);
+    }
+  }
+
   // exp(x) for x <= 0 (Cephes-style range reduction + degree-6 polynomial, rel. error ~2e-7);
   // x below -87 (including -inf) gives exactly 0.
   static __m256 exp_nonpositive(__m256 x) {

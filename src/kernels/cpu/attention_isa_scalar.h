@@ -21,6 +21,21 @@ struct ScalarIsa {
     }
   }
 
+  // scores[b][t] = <q_b, keys[t]> for b < rows (q [rows, d], scores [rows, kTileTokens]).
+  template <int D>
+  static void dot_block(int rows, const float* q, const float* keys, int n, int d, float* scores) {
+    for (int b = 0; b < rows; ++b) dot_rows<D>(q + b * d, keys, n, d, scores + b * kTileTokens);
+  }
+  // acc[b] = acc[b] * alpha[b] + sum_t w[b][t] * values[t] for b < rows (acc [rows, d],
+  // w [rows, kTileTokens]).
+  template <int D>
+  static void accumulate_block(int rows, float* acc, const float* alpha, const float* w,
+                               const float* values, int n, int d) {
+    for (int b = 0; b < rows; ++b) {
+      scale_accumulate<D>(acc + b * d, alpha[b], w + b * kTileTokens, values, n, d);
+    }
+  }
+
   // s[t] *= scale * token_scale[t] (token_scale may be null), for the kTileTokens entries.
   static void scale_scores(float* s, const float* token_scale, float scale) {
     for (int t = 0; t < kTileTokens; ++t) {
