@@ -160,6 +160,12 @@ void DecoderModel::forward(std::span<const Chunk> chunks) const {
     if (chunk.n_tokens < 0 || (chunk.n_tokens > 0 && chunk.tokens == nullptr)) {
       throw InvalidArgument(str_cat("chunk ", c, ": ", chunk.n_tokens, " tokens without data"));
     }
+    for (size_t other = 0; other < c; ++other) {
+      if (chunks[other].caches == chunk.caches) {
+        throw InvalidArgument(str_cat("chunks ", other, " and ", c,
+                                      " share their caches; each chunk must be its own sequence"));
+      }
+    }
     for (int i = 0; i < chunk.n_tokens; ++i) {
       if (chunk.tokens[i] < 0 || chunk.tokens[i] >= config_.vocab_size) {
         throw InvalidArgument(str_cat("chunk ", c, ": token id ", chunk.tokens[i],

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
 #include "core/safetensors.h"
 #include "model/model.h"
 #include "test_util.h"
@@ -138,6 +139,21 @@ TEST(BatchedForward, ChunksAndSplitPromptsAgreeWithOneSequence) {
   for (int i = 0; i < V; ++i) ASSERT_NEAR(c_last[size_t(i)], want[size_t(n - 1) * V + i], 1e-4f);
   for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
   for (int i = 0; i < V; ++i) ASSERT_NEAR(b_last[size_t(i)], want[size_t(n - 1) * V + i], 1e-4f);
+}
+
+TEST(BatchedForward, RejectsBadChunks) {
+  std::unique_ptr<Model> model = Model::load(fixture("hf-tiny/llama"));
+  LayerCaches caches = testing::f32_caches(*model), too_few;
+  std::vector<float> logits(static_cast<size_t>(model->info().vocab_size));
+  const int32_t ok[] = {1, 2}, bad[] = {1, 512};
+  Model::Chunk out_of_vocab{bad, 2, &caches, logits.data(), false};
+  EXPECT_THROW(model->forward({&out_of_vocab, 1}), InvalidArgument);
+  Model::Chunk no_caches{ok, 2, &too_few, logits.data(), false};
+  EXPECT_THROW(model->forward({&no_caches, 1}), InvalidArgument);
+  Model::Chunk shared[] = {{ok, 2, &caches, logits.data(), false},
+                           {ok, 2, &caches, logits.data(), false}};
+  EXPECT_THROW(model->forward(shared), InvalidArgument);
+  EXPECT_EQ(caches[0]->size(), 0);  // nothing ran
 }
 
 }  // namespace

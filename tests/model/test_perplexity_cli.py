@@ -1,0 +1,93 @@
+"""`turbokv perplexity` and `turbokv bench e2e` through the built binary: the DESIGN §4 JSON
+keys, the dense baseline inside a quantized run, exit codes and error lines."""
+import json
+import math
+import os
+import subprocess
+import tempfile
+
+import pytest
+
+REPO = os.environ["TURBOKV_SOURCE_DIR"]
+BINARY = os.environ["TURBOKV_BINARY"]
+MODEL = os.path.join(REPO, "models", "tinycode-llama")
+CODE = '''def fibonacci(n):
+    """Return the n-th Fibonacci number."""
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+
+class Stack:
+    def __init__(self):
+        self.items = []
+
+    def push(self, item):
+        self.items.append(item)
+
+    def pop(self):
+        return self.items.pop()
+'''
+
+
+def run(*args):
+    return subprocess.run([BINARY, *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def text_file():
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "code.py")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(CODE * 3)
+        yield path
+
+
+def perplexity(text_file, *flags):
+    result = run("perplexity", "--model", MODEL, "--file", text_file, "--context", "64",
+                 "--max-chunks", "2", "--threads", "2", "--json", *flags)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_dense_reports_ppl_and_tokens(text_file):
+    out = perplexity(text_file)
+    assert out["tokens"] == 128 and out["chunks"] == 2
+    assert 1 < out["ppl"] < 100 and math.isfinite(out["ppl"])
+    assert "kld_mean" not in out
+
+
+@pytest.mark.parametrize("flags,scheme", [(["--kv-bits", "3.5"], "turboquant"),
+                                          (["--kv-bits", "4", "--kv-quant-scheme", "uniform"],
+                                           "uniform")])
+def test_kv_scheme_reports_dense_baseline_kld_and_agreement(text_file, flags, scheme):
+    dense = perplexity(text_file)
+    out = perplexity(text_file, *flags)
+    assert out["kv_scheme"] == scheme and out["tokens"] == 128
+    assert out["ppl_dense"] == pytest.approx(dense["ppl"], rel=1e-5)
+    assert 0 < out["kld_mean"] < 0.5
+    assert 0.5 < out["top1_agreement"] <= 1
+    assert out["ppl"] != out["ppl_dense"]
+
+
+def test_errors_are_one_line_with_exit_codes(text_file):
+    bad_bits = run("perplexity", "--model", MODEL, "--file", text_file, "--kv-bits", "3.3")
+    assert bad_bits.returncode == 2 and "3.3" in bad_bits.stderr
+    missing = run("perplexity", "--model", MODEL, "--file", "/nonexistent/eval.txt")
+    assert missing.returncode == 1 and "/nonexistent/eval.txt" in missing.stderr
+    too_short = run("perplexity", "--model", MODEL, "--file", text_file, "--context", "100000")
+    assert too_short.returncode == 2 and "100000" in too_short.stderr
+    for result in (bad_bits, missing, too_short):
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_bench_e2e_json():
+    result = run("bench", "e2e", "--prompt-tokens", "16", "--gen-tokens", "4", "--repeats", "1",
+                 "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert [r["kv"] for r in out["results"]] == ["dense", "turboquant"]
+    for row in out["results"]:
+        assert row["prefill_tps"] > 0 and row["decode_tps"] > 0
+    assert out["results"][1]["kv_bytes"] < out["results"][0]["kv_bytes"]
