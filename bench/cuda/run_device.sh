@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (the device tool), from the repo root: the CUDA tests,
+# compute-sanitizer memcheck on the test binary, the attention benchmark, and an ncu profile
+# of both attention kernels at batch 1, 128k. Logs go to OUT_DIR; the benchmark table also to
+# bench/results/<date>-<gpu>-attention.txt.
+# usage: bench/cuda/run_device.sh BIN_DIR OUT_DIR    (BIN_DIR: cuda_tests and
+#        libturbokv_cuda_bench.so, built with `cmake --build build --target cuda_tests
+#        turbokv_cuda_bench`)
+set -uo pipefail
+bin=$(realpath "$1")
+out=$(realpath "$2")
+status=0
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv \
+  | tee "$out/gpu.txt"
+
+echo "== cuda_tests"
+"$bin/cuda_tests" > "$out/tests.log" 2>&1 || status=1
+tail -4 "$out/tests.log"
+
+echo "== compute-sanitizer memcheck"
+compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/cuda_tests" > "$out/memcheck.log" 2>&1 \
+  || status=1
+grep -E "ERROR SUMMARY|PASSED|FAILED" "$out/memcheck.log" | tail -4
+
+echo "== benchmark"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-' | sed 's/nvidia-//')
+result="bench/results/$(date -u +%Y-%m-%d)-$gpu-attention.txt"
+PYTHONUNBUFFERED=1 python3 bench/cuda/attention_bench.py --lib "$bin/libturbokv_cuda_bench.so" \
+  ${BENCH_CASES:+--cases "$BENCH_CASES"} | tee "$out/bench.txt" || status=1
+cp "$out/bench.txt" "$out/$(basename "$result")"
+
+if [ -z "${SKIP_NCU:-}" ]; then
+  echo "== ncu (batch 1, 128k: first launch of each attention kernel)"
+  ncu --clock-control none -k regex:"tq_attention_kernel|dense_attention_kernel" -c 2 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+    --section WarpStateStats --section ComputeWorkloadAnalysis \
+    python3 bench/cuda/attention_bench.py --lib "$bin/libturbokv_cuda_bench.so" \
+    --cases 1:131072 > "$out/ncu.txt" 2>&1 || true
+  grep -E "^  [a-z_]+.*kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Issue Slots|Achieved Occupancy|Registers|Stall|L2 Hit" \
+    "$out/ncu.txt" | head -40
+fi
+exit $status

@@ -1,0 +1,200 @@
+// Building blocks shared by the attention kernels (flashinfer-style "from parts"):
+// tensor-core wrappers, the online-softmax state {m, l, acc} of one warp over a 32-token tile,
+// and the block-level merge that writes one split's partial result.
+//
+// Fragment conventions (PTX m16n8k16, g = lane / 4, c = lane % 4):
+//  score MMA  S[token, column] = K[token, dim] · Q^T[dim, column]   (A = keys, B = queries)
+//  value MMA  O^T[dim, column] += V^T[dim, token] · P^T[token, column]  (A = values, B = probs)
+// A thread owns columns 2c, 2c+1 of every score tile (tokens g, g + 8) and of O^T
+// (dims 16*mt + g, 16*mt + g + 8).
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/attention/params.h"
+
+namespace turbokv::cuda::attn {
+
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                          uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Transposes an 8x8 f16 matrix held in fragment layout (row g, cols 2c, 2c+1).
+__device__ __forceinline__ uint32_t transpose_8x8(uint32_t x) {
+  uint32_t y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Block coordinates and the token limits of the two columns this thread owns.
+struct BlockCoords {
+  int b, kv_head, row_group, split;
+  int tile_begin, tile_end;  // tiles of this split that hold tokens
+  int limit[2];              // column 2c + i sees tokens < limit[i] (0: padding column)
+};
+
+__device__ __forceinline__ BlockCoords block_coords(const AttentionArgs& a, int c) {
+  BlockCoords bc;
+  bc.split = blockIdx.x;
+  bc.kv_head = blockIdx.y / a.row_groups;
+  bc.row_group = blockIdx.y % a.row_groups;
+  bc.b = blockIdx.z;
+  const int len = a.seq_lens[bc.b];
+  const int n_tiles = (len + kTileTokens - 1) / kTileTokens;
+  bc.tile_begin = bc.split * a.tiles_per_split;
+  bc.tile_end = min(bc.tile_begin + a.tiles_per_split, n_tiles);
+  for (int i = 0; i < 2; ++i) {
+    const int row = bc.row_group * kColumns + 2 * c + i;
+    bc.limit[i] = row < a.rows ? len - a.n_q + row / a.group + 1 : 0;
+  }
+  return bc;
+}
+
+// Row `col` of this block's query rows: pointer into q (nullptr for padding columns).
+__device__ __forceinline__ const float* query_row(const AttentionArgs& a, const BlockCoords& bc,
+                                                  int col) {
+  const int row = bc.row_group * kColumns + col;
+  if (row >= a.rows) return nullptr;
+  const int qi = row / a.group;
+  const int head = bc.kv_head * a.group + row % a.group;
+  return a.q + ((size_t(bc.b) * a.n_q + qi) * a.n_heads + head) * kHeadDim;
+}
+
+struct WarpState {
+  float m[2];         // running max of log2-scores, columns 2c, 2c+1
+  float l[2];         // running sum of 2^(s - m) over this thread's tokens
+  float acc[8][4];    // O^T fragments, one per 16-dim tile
+
+  __device__ __forceinline__ void init() {
+    for (int i = 0; i < 2; ++i) {
+      m[i] = -INFINITY;
+      l[i] = 0;
+    }
+    for (int t = 0; t < 8; ++t)
+      for (int j = 0; j < 4; ++j) acc[t][j] = 0;
+  }
+};
+
+// One 32-token tile: raw scores s[m-tile][frag] (token 16*mt + g + 8*(frag/2), column
+// 2c + frag%2), per-slot multipliers (slot = 2*mt + frag/2) for the scores (key norm * scale
+// * log2 e) and for the probabilities (value norm). Updates the state and returns the
+// probability tiles as B operands of the value MMA: pb[mt] = P^T rows 16*mt .. 16*mt + 15.
+__device__ __forceinline__ void softmax_tile(WarpState& st, const float (&s)[2][4],
+                                             const float (&kmul)[4], const float (&vmul)[4],
+                                             int tile_token0, const int (&limit)[2], int g,
+                                             uint32_t (&pb)[2][2]) {
+  float x[2][4];
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int slot = 2 * mt + j / 2;
+      const int token = tile_token0 + 16 * mt + g + 8 * (j / 2);
+      x[mt][j] = token < limit[j % 2] ? s[mt][j] * kmul[slot] : -INFINITY;
+      tile_max[j % 2] = fmaxf(tile_max[j % 2], x[mt][j]);
+    }
+  }
+  float m_use[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 4));
+    tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 8));
+    tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 16));
+    const float m_new = fmaxf(st.m[i], tile_max[i]);
+    m_use[i] = m_new == -INFINITY ? 0.0f : m_new;  // no token seen yet: keep 2^(-inf) = 0
+    const float alpha = fast_exp2(st.m[i] - m_use[i]);
+    st.m[i] = m_new;
+    st.l[i] *= alpha;
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      st.acc[t][i] *= alpha;
+      st.acc[t][i + 2] *= alpha;
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+    float pv[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int slot = 2 * mt + j / 2;
+      const int token = tile_token0 + 16 * mt + g + 8 * (j / 2);
+      const float p = fast_exp2(x[mt][j] - m_use[j % 2]);
+      st.l[j % 2] += p;
+      pv[j] = token < limit[j % 2] ? p * vmul[slot] : 0.0f;  // masked norms may be garbage
+    }
+    pb[mt][0] = transpose_8x8(half2_bits(pv[0], pv[1]));
+    pb[mt][1] = transpose_8x8(half2_bits(pv[2], pv[3]));
+  }
+}
+
+// Combines the block's warps and writes this split's partial (acc, m, l) for its rows.
+// scratch: >= kWarps * (kColumns * kHeadDim + 2 * kColumns) floats of shared memory that no
+// warp reads any more (the caller's barrier-free use of it has ended).
+__device__ __forceinline__ void write_block_partial(WarpState& st, float* scratch,
+                                                   const AttentionArgs& a, const BlockCoords& bc,
+                                                   int warp, int g, int c) {
+  for (int i = 0; i < 2; ++i) {
+    st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 4);
+    st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 8);
+    st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 16);
+  }
+  float* s_acc = scratch;                              // [kWarps, kColumns, kHeadDim]
+  float* s_m = scratch + kWarps * kColumns * kHeadDim;  // [kWarps, kColumns]
+  float* s_l = s_m + kWarps * kColumns;                 // [kWarps, kColumns]
+  __syncthreads();
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      s_acc[(warp * kColumns + 2 * c + j % 2) * kHeadDim + 16 * t + g + 8 * (j / 2)] =
+          st.acc[t][j];
+    }
+  }
+  if (g == 0) {
+    for (int i = 0; i < 2; ++i) {
+      s_m[warp * kColumns + 2 * c + i] = st.m[i];
+      s_l[warp * kColumns + 2 * c + i] = st.l[i];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < kColumns * kHeadDim; idx += blockDim.x) {
+    const int col = idx / kHeadDim;
+    const int d = idx % kHeadDim;
+    const int row = bc.row_group * kColumns + col;
+    if (row >= a.rows) continue;
+    float m = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, s_m[w * kColumns + col]);
+    float acc = 0, l = 0;
+    if (m != -INFINITY) {
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = fast_exp2(s_m[w * kColumns + col] - m);
+        acc += s_acc[(w * kColumns + col) * kHeadDim + d] * f;
+        l += s_l[w * kColumns + col] * f;
+      }
+    }
+    const size_t p =
+        ((size_t(bc.b) * a.kv_heads + bc.kv_head) * a.rows + row) * a.splits + bc.split;
+    a.part_acc[p * kHeadDim + d] = acc;
+    if (d == 0) a.part_ml[p] = make_float2(m, l);
+  }
+}
+
+}  // namespace turbokv::cuda::attn
