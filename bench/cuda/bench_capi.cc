@@ -122,6 +122,7 @@ double tkv_time_tq_attention(const uint8_t* tiles, int max_tiles, int copies, si
     const AttentionProblem p = problem(seq_lens, max_len, q, batch, n_heads, kv_heads, scale, out);
     const size_t bytes = attention_workspace_bytes(p, CacheKind::kTurboQuant);
     DeviceBuffer<uint8_t> workspace(bytes);
+    workspace.zero();
     const TQKernelCodec& codec = codec_for(seed).kernel_codec();
     return time_graph(
         [&](int copy, cudaStream_t stream) {
@@ -141,6 +142,7 @@ double tkv_time_dense_attention(const uint16_t* k, const uint16_t* v, int capaci
     const AttentionProblem p = problem(seq_lens, max_len, q, batch, n_heads, kv_heads, scale, out);
     const size_t bytes = attention_workspace_bytes(p, CacheKind::kDense);
     DeviceBuffer<uint8_t> workspace(bytes);
+    workspace.zero();
     return time_graph(
         [&](int copy, cudaStream_t stream) {
           const DenseCacheView cache{reinterpret_cast<const __half*>(k + copy * copy_elems),

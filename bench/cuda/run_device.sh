@@ -30,13 +30,21 @@ PYTHONUNBUFFERED=1 python3 bench/cuda/attention_bench.py --lib "$bin/libturbokv_
 cp "$out/bench.txt" "$out/$(basename "$result")"
 
 if [ -z "${SKIP_NCU:-}" ]; then
-  echo "== ncu (batch 1, 128k: first launch of each attention kernel)"
-  ncu --clock-control none -k regex:"tq_attention_kernel|dense_attention_kernel" -c 2 \
+  echo "== ncu (first launch of the TurboQuant kernel, batch:context ${NCU_CASE:=1:131072})"
+  stalls=long_scoreboard,short_scoreboard,mio_throttle,lg_throttle,wait,barrier,math_pipe_throttle,no_instruction
+  metrics=sm__inst_executed.sum,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active
+  metrics=$metrics,sm__mio_inst_issued.avg.pct_of_peak_sustained_active
+  metrics=$metrics,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active
+  metrics=$metrics,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active
+  for s in ${stalls//,/ }; do
+    metrics=$metrics,smsp__warp_issue_stalled_${s}_per_warp_active.pct
+  done
+  ncu --clock-control none -k regex:tq_attention_kernel -c 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-    --section WarpStateStats --section ComputeWorkloadAnalysis \
+    --section ComputeWorkloadAnalysis --metrics "$metrics" \
     python3 bench/cuda/attention_bench.py --lib "$bin/libturbokv_cuda_bench.so" \
-    --cases 1:131072 > "$out/ncu.txt" 2>&1 || true
-  grep -E "^  [a-z_]+.*kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Issue Slots|Achieved Occupancy|Registers|Stall|L2 Hit" \
+    --cases "$NCU_CASE" > "$out/ncu.txt" 2>&1 || true
+  grep -E "Duration|DRAM Throughput|Compute \(SM\)|Issue Slots|Achieved Active Warps|Registers|stalled|pipe_|mio_inst|inst_executed" \
     "$out/ncu.txt" | head -40
 fi
 exit $status

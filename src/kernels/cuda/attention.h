@@ -43,7 +43,10 @@ struct DenseCacheView {
 
 enum class CacheKind { kTurboQuant, kDense };
 
-// Bytes of scratch the attention call needs for this problem (split partials).
+// Bytes of scratch the attention call needs for this problem (split partials and per-row-group
+// counters). The workspace must be zero-filled before its first use (cudaMemset); every call
+// leaves it ready for the next one, so it can be allocated once and reused (and captured in a
+// CUDA graph). Calls sharing a workspace must not run concurrently.
 size_t attention_workspace_bytes(const AttentionProblem& problem, CacheKind kind);
 
 // Throw InvalidArgument for shapes they do not support (naming the value and what is

@@ -5,7 +5,9 @@
 // length are zero-filled by cp.async, never read.
 #include <cuda_fp16.h>
 
+#include "kernels/cuda/attention/async_copy.cuh"
 #include "kernels/cuda/attention/kernels.h"
+#include "kernels/cuda/attention/merge.cuh"
 #include "kernels/cuda/attention/state.cuh"
 #include "kernels/cuda/cuda_check.h"
 
@@ -18,32 +20,6 @@ constexpr int kTileBytes = kTileTokens * kRowBytes;        // one K or V tile
 constexpr int kStageBytes = 2 * kTileBytes;                // K then V
 constexpr int kWarpBytes = kStages * kStageBytes;
 constexpr int kSmemBytes = kWarps * kWarpBytes;            // 208896
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-B async copy; src_bytes = 0 zero-fills the destination without reading src.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 
 // Stages tile `t` (tokens 32t .. 32t+31 of k/v rows [capacity, 128]) into `stage`.
 __device__ __forceinline__ void stage_tile(uint32_t stage, const __half* k, const __half* v,
@@ -63,7 +39,7 @@ __device__ __forceinline__ void stage_tile(uint32_t stage, const __half* k, cons
 
 __device__ __forceinline__ void process_staged(uint32_t stage, int tile_token0,
                                                const uint32_t (&qf)[8][2], float scale_log2,
-                                               const int (&limit)[2], int lane, WarpState& st) {
+                                               const BlockCoords& bc, int lane, WarpState& st) {
   const int g = lane / 4, mi = lane / 8, ri = lane % 8;
   float s[2][4] = {};
 #pragma unroll
@@ -79,7 +55,11 @@ __device__ __forceinline__ void process_staged(uint32_t stage, int tile_token0,
   const float kmul[4] = {scale_log2, scale_log2, scale_log2, scale_log2};
   const float vmul[4] = {1, 1, 1, 1};
   uint32_t pb[2][2];
-  softmax_tile(st, s, kmul, vmul, tile_token0, limit, g, pb);
+  if (tile_needs_mask(bc, tile_token0)) {
+    softmax_tile<true>(st, s, kmul, vmul, tile_token0, bc.limit, g, pb);
+  } else {
+    softmax_tile<false>(st, s, kmul, vmul, tile_token0, bc.limit, g, pb);
+  }
 #pragma unroll
   for (int kb = 0; kb < 2; ++kb) {
 #pragma unroll
@@ -140,11 +120,12 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     cp_async_commit();
     process_staged(warp_smem + (i % kStages) * kStageBytes, t * kTileTokens, qf, a.scale_log2,
-                   bc.limit, lane, st);
+                   bc, lane, st);
     __syncwarp();
   }
   cp_async_wait<0>();
-  write_block_partial(st, reinterpret_cast<float*>(smem), a, bc, warp, g, c);
+  write_block_partial<kWarps>(st, reinterpret_cast<float*>(smem), a, bc, warp, g, c);
+  finish_row_group<kWarps>(a, bc, warp, lane);
 }
 
 }  // namespace

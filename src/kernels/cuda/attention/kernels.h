@@ -1,5 +1,5 @@
 // Launchers of the attention kernels (one translation unit each); the public entry points
-// that plan the split grid and run kernel + merge are in attention.h.
+// that plan the split grid are in attention.h. Each launch also merges its splits.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -21,8 +21,5 @@ int tq_attention_blocks_per_sm();
 void launch_dense_attention(const AttentionArgs& args, const __half* k, const __half* v,
                             int capacity, int batch, cudaStream_t stream);
 int dense_attention_blocks_per_sm();
-
-// One block per (batch, kv_head, row).
-void launch_merge(const MergeArgs& args, int batch, cudaStream_t stream);
 
 }  // namespace turbokv::cuda::attn

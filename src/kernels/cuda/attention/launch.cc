@@ -1,5 +1,5 @@
-// Planning of the split-K grid (one wave of blocks on the device) and the two-launch
-// sequence attention kernel -> merge kernel.
+// Planning of the split-K grid (one wave of blocks on the device) and the workspace:
+//   [counters: batch * kv_heads * row_groups ints, padded to 16 B][part_acc][part_ml]
 #include <algorithm>
 
 #include "core/error.h"
@@ -12,6 +12,7 @@ namespace {
 
 struct SplitPlan {
   attn::AttentionArgs args;
+  size_t counter_bytes = 0;
   size_t acc_floats = 0;
   size_t ml_pairs = 0;
 };
@@ -53,40 +54,30 @@ SplitPlan plan(const AttentionProblem& p, CacheKind kind) {
   const int max_tiles = (p.max_len + attn::kTileTokens - 1) / attn::kTileTokens;
   const int slots = sms * (kind == CacheKind::kTurboQuant ? tq_blocks : dense_blocks);
   const int base = p.batch * p.kv_heads * a.row_groups;
-  const int splits = std::clamp(slots / base, 1, max_tiles);
+  const int splits = std::clamp(slots / base, 1, std::min(max_tiles, attn::kMaxSplits));
   a.tiles_per_split = (max_tiles + splits - 1) / splits;
   a.splits = (max_tiles + a.tiles_per_split - 1) / a.tiles_per_split;
   const size_t partials = size_t(p.batch) * p.kv_heads * a.rows * a.splits;
+  plan.counter_bytes = (size_t(p.batch) * p.kv_heads * a.row_groups * sizeof(int) + 15) / 16 * 16;
   plan.acc_floats = partials * attn::kHeadDim;
   plan.ml_pairs = partials;
+  a.out = p.out;
   return plan;
 }
 
 size_t workspace_bytes(const SplitPlan& plan) {
-  return plan.acc_floats * sizeof(float) + plan.ml_pairs * sizeof(float2);
+  return plan.counter_bytes + plan.acc_floats * sizeof(float) + plan.ml_pairs * sizeof(float2);
 }
 
-attn::MergeArgs bind_workspace(SplitPlan& plan, const AttentionProblem& p, void* workspace,
-                               size_t bytes) {
+void bind_workspace(SplitPlan& plan, void* workspace, size_t bytes) {
   if (workspace == nullptr || bytes < workspace_bytes(plan)) {
     throw InvalidArgument(str_cat("CUDA attention: workspace of ", bytes, " B, need ",
                                   workspace_bytes(plan), " B (attention_workspace_bytes)"));
   }
-  plan.args.part_acc = static_cast<float*>(workspace);
+  char* base = static_cast<char*>(workspace);
+  plan.args.counters = reinterpret_cast<int*>(base);
+  plan.args.part_acc = reinterpret_cast<float*>(base + plan.counter_bytes);
   plan.args.part_ml = reinterpret_cast<float2*>(plan.args.part_acc + plan.acc_floats);
-  attn::MergeArgs m;
-  m.part_acc = plan.args.part_acc;
-  m.part_ml = plan.args.part_ml;
-  m.seq_lens = p.seq_lens;
-  m.out = p.out;
-  m.n_q = p.n_q;
-  m.n_heads = p.n_heads;
-  m.kv_heads = p.kv_heads;
-  m.group = plan.args.group;
-  m.rows = plan.args.rows;
-  m.tiles_per_split = plan.args.tiles_per_split;
-  m.splits = plan.args.splits;
-  return m;
 }
 
 }  // namespace
@@ -103,14 +94,12 @@ void tq_attention(const TQKernelCodec& codec, const TQCacheView& cache,
     throw InvalidArgument(str_cat("CUDA attention: max_len ", problem.max_len,
                                   " exceeds the cache capacity of ", cache.max_tiles, " tiles"));
   }
-  attn::MergeArgs m = bind_workspace(p, problem, workspace, workspace_bytes);
-  m.unrotate = 1;
-  m.hadamard_scale = codec.hadamard_scale;
+  bind_workspace(p, workspace, workspace_bytes);
+  p.args.unrotate = 1;
+  p.args.hadamard_scale = codec.hadamard_scale;
   std::copy(std::begin(codec.value_sign_flips), std::end(codec.value_sign_flips),
-            m.value_sign_flips);
+            p.args.value_sign_flips);
   attn::launch_tq_attention(p.args, codec, cache.tiles, cache.max_tiles, problem.batch, stream);
-  TURBOKV_CUDA_CHECK_LAUNCH();
-  attn::launch_merge(m, problem.batch, stream);
   TURBOKV_CUDA_CHECK_LAUNCH();
 }
 
@@ -121,10 +110,8 @@ void dense_attention(const DenseCacheView& cache, const AttentionProblem& proble
     throw InvalidArgument(str_cat("CUDA attention: max_len ", problem.max_len,
                                   " exceeds the dense cache capacity ", cache.capacity));
   }
-  const attn::MergeArgs m = bind_workspace(p, problem, workspace, workspace_bytes);
+  bind_workspace(p, workspace, workspace_bytes);
   attn::launch_dense_attention(p.args, cache.k, cache.v, cache.capacity, problem.batch, stream);
-  TURBOKV_CUDA_CHECK_LAUNCH();
-  attn::launch_merge(m, problem.batch, stream);
   TURBOKV_CUDA_CHECK_LAUNCH();
 }
 

@@ -46,8 +46,10 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // Block coordinates and the token limits of the two columns this thread owns.
 struct BlockCoords {
   int b, kv_head, row_group, split;
+  int n_tiles;               // tiles of the sequence
   int tile_begin, tile_end;  // tiles of this split that hold tokens
   int limit[2];              // column 2c + i sees tokens < limit[i] (0: padding column)
+  int unmasked_end;          // tokens below this are visible to every row of the group
 };
 
 __device__ __forceinline__ BlockCoords block_coords(const AttentionArgs& a, int c) {
@@ -57,9 +59,10 @@ __device__ __forceinline__ BlockCoords block_coords(const AttentionArgs& a, int 
   bc.row_group = blockIdx.y % a.row_groups;
   bc.b = blockIdx.z;
   const int len = a.seq_lens[bc.b];
-  const int n_tiles = (len + kTileTokens - 1) / kTileTokens;
+  bc.n_tiles = (len + kTileTokens - 1) / kTileTokens;
   bc.tile_begin = bc.split * a.tiles_per_split;
-  bc.tile_end = min(bc.tile_begin + a.tiles_per_split, n_tiles);
+  bc.tile_end = min(bc.tile_begin + a.tiles_per_split, bc.n_tiles);
+  bc.unmasked_end = len - a.n_q + bc.row_group * kColumns / a.group + 1;
   for (int i = 0; i < 2; ++i) {
     const int row = bc.row_group * kColumns + 2 * c + i;
     bc.limit[i] = row < a.rows ? len - a.n_q + row / a.group + 1 : 0;
@@ -92,10 +95,19 @@ struct WarpState {
   }
 };
 
+// True when some token of the tile at tile_token0 is hidden from some row (the last tile, or
+// causal prefill): then softmax_tile<true> masks per token.
+__device__ __forceinline__ bool tile_needs_mask(const BlockCoords& bc, int tile_token0) {
+  return tile_token0 + kTileTokens > bc.unmasked_end;
+}
+
 // One 32-token tile: raw scores s[m-tile][frag] (token 16*mt + g + 8*(frag/2), column
 // 2c + frag%2), per-slot multipliers (slot = 2*mt + frag/2) for the scores (key norm * scale
 // * log2 e) and for the probabilities (value norm). Updates the state and returns the
 // probability tiles as B operands of the value MMA: pb[mt] = P^T rows 16*mt .. 16*mt + 15.
+// kMask = false: every token of the tile is visible to every real row (padding rows then
+// score 0 against finite norms, harmless and never written out).
+template <bool kMask>
 __device__ __forceinline__ void softmax_tile(WarpState& st, const float (&s)[2][4],
                                              const float (&kmul)[4], const float (&vmul)[4],
                                              int tile_token0, const int (&limit)[2], int g,
@@ -108,11 +120,12 @@ __device__ __forceinline__ void softmax_tile(WarpState& st, const float (&s)[2][
     for (int j = 0; j < 4; ++j) {
       const int slot = 2 * mt + j / 2;
       const int token = tile_token0 + 16 * mt + g + 8 * (j / 2);
-      x[mt][j] = token < limit[j % 2] ? s[mt][j] * kmul[slot] : -INFINITY;
+      x[mt][j] = !kMask || token < limit[j % 2] ? s[mt][j] * kmul[slot] : -INFINITY;
       tile_max[j % 2] = fmaxf(tile_max[j % 2], x[mt][j]);
     }
   }
-  float m_use[2];
+  float m_use[2], alpha[2];
+  bool grew = false;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 4));
@@ -120,13 +133,18 @@ __device__ __forceinline__ void softmax_tile(WarpState& st, const float (&s)[2][
     tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 16));
     const float m_new = fmaxf(st.m[i], tile_max[i]);
     m_use[i] = m_new == -INFINITY ? 0.0f : m_new;  // no token seen yet: keep 2^(-inf) = 0
-    const float alpha = fast_exp2(st.m[i] - m_use[i]);
+    alpha[i] = fast_exp2(st.m[i] - m_use[i]);
+    grew |= m_new != st.m[i];
     st.m[i] = m_new;
-    st.l[i] *= alpha;
+    st.l[i] *= alpha[i];
+  }
+  if (__any_sync(0xffffffffu, grew)) {  // alpha == 1 exactly for every column otherwise
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
-      st.acc[t][i] *= alpha;
-      st.acc[t][i + 2] *= alpha;
+      st.acc[t][0] *= alpha[0];
+      st.acc[t][2] *= alpha[0];
+      st.acc[t][1] *= alpha[1];
+      st.acc[t][3] *= alpha[1];
     }
   }
 #pragma unroll
@@ -138,7 +156,7 @@ __device__ __forceinline__ void softmax_tile(WarpState& st, const float (&s)[2][
       const int token = tile_token0 + 16 * mt + g + 8 * (j / 2);
       const float p = fast_exp2(x[mt][j] - m_use[j % 2]);
       st.l[j % 2] += p;
-      pv[j] = token < limit[j % 2] ? p * vmul[slot] : 0.0f;  // masked norms may be garbage
+      pv[j] = !kMask || token < limit[j % 2] ? p * vmul[slot] : 0.0f;  // hidden norms: garbage
     }
     pb[mt][0] = transpose_8x8(half2_bits(pv[0], pv[1]));
     pb[mt][1] = transpose_8x8(half2_bits(pv[2], pv[3]));
@@ -146,8 +164,9 @@ __device__ __forceinline__ void softmax_tile(WarpState& st, const float (&s)[2][
 }
 
 // Combines the block's warps and writes this split's partial (acc, m, l) for its rows.
-// scratch: >= kWarps * (kColumns * kHeadDim + 2 * kColumns) floats of shared memory that no
-// warp reads any more (the caller's barrier-free use of it has ended).
+// scratch: >= kNumWarps * (kColumns * kHeadDim + 2 * kColumns) floats of shared memory that
+// no warp reads once every warp has arrived here.
+template <int kNumWarps>
 __device__ __forceinline__ void write_block_partial(WarpState& st, float* scratch,
                                                    const AttentionArgs& a, const BlockCoords& bc,
                                                    int warp, int g, int c) {
@@ -156,9 +175,9 @@ __device__ __forceinline__ void write_block_partial(WarpState& st, float* scratc
     st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 8);
     st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 16);
   }
-  float* s_acc = scratch;                              // [kWarps, kColumns, kHeadDim]
-  float* s_m = scratch + kWarps * kColumns * kHeadDim;  // [kWarps, kColumns]
-  float* s_l = s_m + kWarps * kColumns;                 // [kWarps, kColumns]
+  float* s_acc = scratch;                                 // [kNumWarps, kColumns, kHeadDim]
+  float* s_m = scratch + kNumWarps * kColumns * kHeadDim;  // [kNumWarps, kColumns]
+  float* s_l = s_m + kNumWarps * kColumns;                 // [kNumWarps, kColumns]
   __syncthreads();
 #pragma unroll
   for (int t = 0; t < 8; ++t) {
@@ -181,10 +200,10 @@ __device__ __forceinline__ void write_block_partial(WarpState& st, float* scratc
     const int row = bc.row_group * kColumns + col;
     if (row >= a.rows) continue;
     float m = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, s_m[w * kColumns + col]);
+    for (int w = 0; w < kNumWarps; ++w) m = fmaxf(m, s_m[w * kColumns + col]);
     float acc = 0, l = 0;
     if (m != -INFINITY) {
-      for (int w = 0; w < kWarps; ++w) {
+      for (int w = 0; w < kNumWarps; ++w) {
         const float f = fast_exp2(s_m[w * kColumns + col] - m);
         acc += s_acc[(w * kColumns + col) * kHeadDim + d] * f;
         l += s_l[w * kColumns + col] * f;

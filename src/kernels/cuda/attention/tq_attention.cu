@@ -1,15 +1,20 @@
 // Fused TurboQuant 3.5 attention (decode, and prefill over a quantized past) on packed codes
-// in the tile format of tq_layout.h. Per block: rotate its 8 query rows once (R q), then each
-// warp streams 32-token tiles (8 x 16-B loads per lane, next tile prefetched) and
+// in the tile format of tq_layout.h. One block of 16 warps per SM; per block: rotate its 8
+// query rows once (R q), then each warp streams its 32-token tiles through a 2-stage cp.async
+// pipeline in shared memory and
 //  - turns each 6-bit key pair / 8-bit value pair into an f16x2 tensor-core operand with one
-//    lane-private shared-memory table lookup (conflict-free: entry e of lane L at e*128 + 4L),
+//    lane-private shared-memory table lookup (conflict-free: entry e of lane L at
+//    256*e + 4L; the address is one funnel shift + LOP3 for keys, one byte_perm for values),
 //  - scores = key norm * <R q, c[idx]> (MMA), online softmax in base 2,
 //  - accumulates value norm * p * c[idx] in the rotated frame (MMA).
-// The merge kernel adds the splits and rotates the sum back once (merge.cu).
+// The last block of a row group to finish merges the splits and rotates back (merge.cuh).
 #include <cuda_fp16.h>
 
+#include "kernels/cuda/attention/async_copy.cuh"
 #include "kernels/cuda/attention/kernels.h"
+#include "kernels/cuda/attention/merge.cuh"
 #include "kernels/cuda/attention/state.cuh"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/tq_layout.h"
 
 namespace turbokv::cuda::attn {
@@ -17,73 +22,120 @@ namespace {
 
 using L = TQ35Layout;
 
+constexpr int kTQWarps = 16;  // one block per SM: the tables are filled once per SM
+constexpr int kTQStages = 2;  // per warp: 1 tile loading while 1 is computed
+constexpr int kStageSlots = kTQWarps * kTQStages;
+// Operand tables, row e (256 B): [value pair e, lanes 0..31][key pair e (e < 64), lanes 0..31].
+// They sit at a 64 KB-aligned shared address A, so a lookup address is one LOP3 (keys) or one
+// byte_perm (values) of the code word and (A + 4 * lane), with no add.
+constexpr int kTableRowBytes = 256;
+constexpr int kTableBytes = 256 * kTableRowBytes;
+constexpr int kKeyTableOffset = 128;
+// Stage slots fill the gap below the tables, the rest follow them; the worst gap needs
+// kTileBytes - 1 extra bytes.
+constexpr int kTQSmemBytes = kTableBytes + kStageSlots * L::kTileBytes + L::kTileBytes;
+static_assert(L::kTileBytes % 16 == 0, "tiles are copied in 16-B chunks");
+
+// Where the tables and stage slots are inside the dynamic shared buffer (runtime base).
+struct SmemPlan {
+  uint32_t table_offset;  // (base + table_offset) % 65536 == 0
+  int low_slots;          // slots below the tables
+  __device__ __forceinline__ explicit SmemPlan(uint32_t base)
+      : table_offset((65536u - base % 65536u) % 65536u),
+        low_slots(min(kStageSlots, int(table_offset) / L::kTileBytes)) {}
+  __device__ __forceinline__ uint32_t slot_offset(int slot) const {
+    return slot < low_slots ? uint32_t(slot) * L::kTileBytes
+                            : table_offset + kTableBytes + uint32_t(slot - low_slots) * L::kTileBytes;
+  }
+};
+
 struct TileRegs {
   uint32_t k[L::kKeyWordsPerLane];    // 4 slots x 96 bits of 3-bit key codes
   uint32_t v[L::kValueWordsPerLane];  // 16 words of 4-bit value code pairs
   uint32_t n[4];                      // per slot: (key norm, value norm) fp16
 };
 
-__device__ __forceinline__ uint4 load_streaming(const uint8_t* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
+// Queues the copy of one tile (3712 B, 232 chunks) into a stage: lane L copies chunks
+// L, L + 32, ... (dst and src already include 16 * L; the chunk offsets are immediates).
+template <int kChunk>
+__device__ __forceinline__ void cp_async_chunk(uint32_t dst, const uint8_t* src) {
+  asm volatile("cp.async.cg.shared.global [%0+%2], [%1+%2], 16;" ::"r"(dst), "l"(src),
+               "n"(16 * kChunk));
 }
 
-__device__ __forceinline__ void load_tile(const uint8_t* tile, int lane, TileRegs& r) {
+__device__ __forceinline__ void stage_tile(uint32_t stage_lane, const uint8_t* tile_lane,
+                                           int lane) {
+  constexpr int kChunks = L::kTileBytes / 16;
+  static_assert(kChunks > 224 && kChunks <= 256, "8 rounds of 32 chunks");
+  cp_async_chunk<0>(stage_lane, tile_lane);
+  cp_async_chunk<32>(stage_lane, tile_lane);
+  cp_async_chunk<64>(stage_lane, tile_lane);
+  cp_async_chunk<96>(stage_lane, tile_lane);
+  cp_async_chunk<128>(stage_lane, tile_lane);
+  cp_async_chunk<160>(stage_lane, tile_lane);
+  cp_async_chunk<192>(stage_lane, tile_lane);
+  if (224 + lane < kChunks) cp_async_chunk<224>(stage_lane, tile_lane);
+}
+
+__device__ __forceinline__ void read_stage(const char* stage, int lane, TileRegs& r) {
 #pragma unroll
   for (int i = 0; i < 3; ++i) {
-    const uint4 x = load_streaming(tile + 512 * i + 16 * lane);
+    const uint4 x = *reinterpret_cast<const uint4*>(stage + 512 * i + 16 * lane);
     r.k[4 * i] = x.x, r.k[4 * i + 1] = x.y, r.k[4 * i + 2] = x.z, r.k[4 * i + 3] = x.w;
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint4 x = load_streaming(tile + L::kValueOffset + 512 * i + 16 * lane);
+    const uint4 x = *reinterpret_cast<const uint4*>(stage + L::kValueOffset + 512 * i + 16 * lane);
     r.v[4 * i] = x.x, r.v[4 * i + 1] = x.y, r.v[4 * i + 2] = x.z, r.v[4 * i + 3] = x.w;
   }
-  const uint4 x = load_streaming(tile + L::kNormOffset + 16 * (lane / 4));
+  const uint4 x = *reinterpret_cast<const uint4*>(stage + L::kNormOffset + 16 * (lane / 4));
   r.n[0] = x.x, r.n[1] = x.y, r.n[2] = x.z, r.n[3] = x.w;
 }
 
-// The 6-bit key pair at bit `pos` of the lane's record, moved to bits [7, 13) (other bits
-// are garbage): times 128 B = its row in the key table. pos is a constant after unrolling.
+// The 6-bit key pair at bit `pos` of the lane's record, moved to bits [8, 14) (other bits
+// are garbage): its table row. pos is a compile-time constant after unrolling.
 __device__ __forceinline__ uint32_t key_pair_row(const uint32_t (&k)[L::kKeyWordsPerLane],
                                                  int pos) {
-  if (pos < 7) return k[0] << (7 - pos);
-  const int shift = pos - 7, word = shift / 32, bit = shift % 32;
-  if (bit + 13 <= 32) return k[word] >> bit;
+  if (pos < 8) return k[0] << (8 - pos);
+  const int shift = pos - 8, word = shift / 32, bit = shift % 32;
+  if (bit + 14 <= 32) return k[word] >> bit;
   return __funnelshift_r(k[word], k[word + 1 < L::kKeyWordsPerLane ? word + 1 : word], bit);
 }
 
-__device__ __forceinline__ uint32_t lut_load(const char* lane_table, uint32_t row_offset) {
-  return *reinterpret_cast<const uint32_t*>(lane_table + row_offset);
+// lane_table = A + 4 * lane (shared address, A the 64 KB-aligned table base).
+template <int kOffset>
+__device__ __forceinline__ uint32_t table_load(uint32_t address) {
+  uint32_t v;
+  asm("ld.shared.u32 %0, [%1+%2];" : "=r"(v) : "r"(address), "n"(kOffset));
+  return v;
 }
 
-__device__ __forceinline__ uint32_t key_operand(const char* k_table,
+__device__ __forceinline__ uint32_t key_operand(uint32_t lane_table,
                                                 const uint32_t (&k)[L::kKeyWordsPerLane],
                                                 int slot, int pair) {
-  return lut_load(k_table, key_pair_row(k, 96 * slot + 6 * pair) & 0x1F80u);
+  const uint32_t row = key_pair_row(k, 96 * slot + 6 * pair);
+  return table_load<kKeyTableOffset>((row & 0x3F00u) | lane_table);
 }
 
-__device__ __forceinline__ uint32_t value_operand(const char* v_table, uint32_t word, int j) {
-  const uint32_t row = j == 0 ? word << 7 : word >> (8 * j - 7);
-  return lut_load(v_table, row & 0x7F80u);
+// Byte j of the value word becomes address byte 1 (the row); bytes 0, 2, 3 come from
+// lane_table.
+__device__ __forceinline__ uint32_t value_operand(uint32_t lane_table, uint32_t word, int j) {
+  return table_load<0>(__byte_perm(word, lane_table, 0x7604u | (uint32_t(j) << 4)));
 }
 
 __device__ __forceinline__ void process_tile(const TileRegs& r, int tile_token0,
-                                             const uint32_t (&qf)[8][2], const char* k_table,
-                                             const char* v_table, float scale_log2,
-                                             const int (&limit)[2], int g, WarpState& st) {
+                                             const uint32_t (&qf)[8][2], uint32_t lane_table,
+                                             float scale_log2,
+                                             const BlockCoords& bc, int g, WarpState& st) {
   float s[2][4] = {};
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
-      mma_16816(s[mt], key_operand(k_table, r.k, 2 * mt, 2 * kk),
-                key_operand(k_table, r.k, 2 * mt + 1, 2 * kk),
-                key_operand(k_table, r.k, 2 * mt, 2 * kk + 1),
-                key_operand(k_table, r.k, 2 * mt + 1, 2 * kk + 1), qf[kk][0], qf[kk][1]);
+      mma_16816(s[mt], key_operand(lane_table, r.k, 2 * mt, 2 * kk),
+                key_operand(lane_table, r.k, 2 * mt + 1, 2 * kk),
+                key_operand(lane_table, r.k, 2 * mt, 2 * kk + 1),
+                key_operand(lane_table, r.k, 2 * mt + 1, 2 * kk + 1), qf[kk][0], qf[kk][1]);
     }
   }
   float kmul[4], vmul[4];
@@ -94,37 +146,58 @@ __device__ __forceinline__ void process_tile(const TileRegs& r, int tile_token0,
     vmul[slot] = __high2float(norms);
   }
   uint32_t pb[2][2];
-  softmax_tile(st, s, kmul, vmul, tile_token0, limit, g, pb);
+  if (tile_needs_mask(bc, tile_token0)) {
+    softmax_tile<true>(st, s, kmul, vmul, tile_token0, bc.limit, g, pb);
+  } else {
+    softmax_tile<false>(st, s, kmul, vmul, tile_token0, bc.limit, g, pb);
+  }
 #pragma unroll
   for (int kb = 0; kb < 2; ++kb) {
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) {
       const uint32_t w = r.v[8 * kb + mt];
-      mma_16816(st.acc[mt], value_operand(v_table, w, 0), value_operand(v_table, w, 1),
-                value_operand(v_table, w, 2), value_operand(v_table, w, 3), pb[kb][0],
-                pb[kb][1]);
+      mma_16816(st.acc[mt], value_operand(lane_table, w, 0),
+                value_operand(lane_table, w, 1), value_operand(lane_table, w, 2),
+                value_operand(lane_table, w, 3), pb[kb][0], pb[kb][1]);
     }
   }
 }
 
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kTQWarps * 32, 1)
     tq_attention_kernel(const AttentionArgs a, const TQKernelCodec codec, const uint8_t* tiles,
                         int max_tiles) {
-  // Lane-private operand tables: [entry][lane] f16x2 (c[lo code], c[hi code]).
-  __shared__ __align__(16) uint32_t k_table[64 * 32];   // key pairs, 8 KB
-  __shared__ __align__(16) uint32_t v_table[256 * 32];  // value pairs, 32 KB (reused at the end)
-  __shared__ float q_rot[kColumns][kHeadDim];           // rotated query rows
+  extern __shared__ __align__(16) char smem[];  // stage slots, operand tables (SmemPlan)
+  __shared__ float q_rot[kColumns][kHeadDim];   // rotated query rows
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, c = lane % 4;
   const BlockCoords bc = block_coords(a, c);
   if (bc.tile_begin >= bc.tile_end) return;  // split past this sequence's end (whole block)
 
-  for (int e = warp; e < 64; e += kWarps)
-    k_table[e * 32 + lane] = half2_bits(codec.key_centroids[e % 8], codec.key_centroids[e / 8]);
-  for (int e = warp; e < 256; e += kWarps) {
-    v_table[e * 32 + lane] =
+  const uint32_t smem_base = smem_addr(smem);
+  const SmemPlan plan(smem_base);
+  // Start streaming first: the table and query set-up overlaps the first loads.
+  const uint8_t* seq_tiles = tiles +
+                             (size_t(bc.b) * a.kv_heads + bc.kv_head) * size_t(max_tiles) *
+                                 L::kTileBytes +
+                             16 * lane;
+  static_assert(kTQStages == 2, "the loop below alternates two stages");
+  // This lane's chunk 0 in the stage being read and in the one being filled.
+  uint32_t stage_read = smem_base + plan.slot_offset(2 * warp) + 16 * lane;
+  uint32_t stage_fill = smem_base + plan.slot_offset(2 * warp + 1) + 16 * lane;
+  const int first = bc.tile_begin + warp;
+  if (first < bc.tile_end) stage_tile(stage_read, seq_tiles + size_t(first) * L::kTileBytes, lane);
+  cp_async_commit();
+
+  char* tables = smem + plan.table_offset;
+  for (int e = warp; e < 256; e += kTQWarps) {
+    char* row = tables + e * kTableRowBytes + 4 * lane;
+    *reinterpret_cast<uint32_t*>(row) =
         half2_bits(codec.value_centroids[e % 16], codec.value_centroids[e / 16]);
+    if (e < 64) {
+      *reinterpret_cast<uint32_t*>(row + kKeyTableOffset) =
+          half2_bits(codec.key_centroids[e % 8], codec.key_centroids[e / 8]);
+    }
   }
   // R q = H (s ⊙ q) * scale: sign flips, then the butterflies in shared memory.
   for (int idx = threadIdx.x; idx < kColumns * kHeadDim; idx += blockDim.x) {
@@ -153,28 +226,31 @@ __global__ void __launch_bounds__(kWarps * 32)
     qf[kk][0] = half2_bits(q[0] * codec.hadamard_scale, q[1] * codec.hadamard_scale);
     qf[kk][1] = half2_bits(q[2] * codec.hadamard_scale, q[3] * codec.hadamard_scale);
   }
-  const char* k_lane = reinterpret_cast<const char*>(k_table) + 4 * lane;
-  const char* v_lane = reinterpret_cast<const char*>(v_table) + 4 * lane;
+  const uint32_t lane_table = smem_base + plan.table_offset + 4 * lane;
 
   WarpState st;
   st.init();
-  const uint8_t* seq_tiles =
-      tiles + (size_t(bc.b) * a.kv_heads + bc.kv_head) * size_t(max_tiles) * L::kTileBytes;
-  TileRegs buf[2];
-  int t = bc.tile_begin + warp;
-  if (t < bc.tile_end) load_tile(seq_tiles + size_t(t) * L::kTileBytes, lane, buf[0]);
-  for (; t < bc.tile_end; t += 2 * kWarps) {
-    const int t1 = t + kWarps;
-    if (t1 < bc.tile_end) load_tile(seq_tiles + size_t(t1) * L::kTileBytes, lane, buf[1]);
-    process_tile(buf[0], t * kTileTokens, qf, k_lane, v_lane, a.scale_log2, bc.limit, g, st);
-    if (t1 >= bc.tile_end) break;
-    const int t2 = t1 + kWarps;
-    if (t2 < bc.tile_end) load_tile(seq_tiles + size_t(t2) * L::kTileBytes, lane, buf[0]);
-    process_tile(buf[1], t1 * kTileTokens, qf, k_lane, v_lane, a.scale_log2, bc.limit, g, st);
+  for (int t = first; t < bc.tile_end; t += kTQWarps) {
+    cp_async_wait<0>();
+    __syncwarp();
+    TileRegs r;
+    read_stage(smem + (stage_read - smem_base) - 16 * lane, lane, r);
+    __syncwarp();  // every lane has its copy before that stage is refilled next round
+    const int ahead = t + kTQWarps;
+    if (ahead < bc.tile_end) stage_tile(stage_fill, seq_tiles + size_t(ahead) * L::kTileBytes, lane);
+    cp_async_commit();
+    const uint32_t filled = stage_fill;
+    stage_fill = stage_read;
+    stage_read = filled;
+    process_tile(r, t * kTileTokens, qf, lane_table, a.scale_log2, bc, g, st);
   }
-  static_assert(sizeof(v_table) >= sizeof(float) * kWarps * (kColumns * kHeadDim + 2 * kColumns),
-                "merge scratch fits in the value table");
-  write_block_partial(st, reinterpret_cast<float*>(v_table), a, bc, warp, g, c);
+  cp_async_wait<0>();
+  // Merge scratch: from the tables on, at least kTableBytes + kTileBytes bytes are ours.
+  static_assert(kTableBytes + L::kTileBytes >=
+                    sizeof(float) * kTQWarps * (kColumns * kHeadDim + 2 * kColumns),
+                "merge scratch fits");
+  write_block_partial<kTQWarps>(st, reinterpret_cast<float*>(tables), a, bc, warp, g, c);
+  finish_row_group<kTQWarps>(a, bc, warp, lane);
 }
 
 }  // namespace
@@ -182,12 +258,22 @@ __global__ void __launch_bounds__(kWarps * 32)
 void launch_tq_attention(const AttentionArgs& args, const TQKernelCodec& codec,
                          const uint8_t* tiles, int max_tiles, int batch, cudaStream_t stream) {
   const dim3 grid(args.splits, args.kv_heads * args.row_groups, batch);
-  tq_attention_kernel<<<grid, kWarps * 32, 0, stream>>>(args, codec, tiles, max_tiles);
+  static const bool configured = [] {
+    TURBOKV_CUDA_CHECK(cudaFuncSetAttribute(
+        tq_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kTQSmemBytes));
+    return true;
+  }();
+  (void)configured;
+  tq_attention_kernel<<<grid, kTQWarps * 32, kTQSmemBytes, stream>>>(args, codec, tiles,
+                                                                     max_tiles);
 }
 
 int tq_attention_blocks_per_sm() {
+  TURBOKV_CUDA_CHECK(cudaFuncSetAttribute(
+      tq_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kTQSmemBytes));
   int blocks = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, tq_attention_kernel, kWarps * 32, 0);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, tq_attention_kernel, kTQWarps * 32,
+                                                kTQSmemBytes);
   return blocks > 0 ? blocks : 1;
 }
 
