@@ -39,12 +39,13 @@ if [ -z "${SKIP_NCU:-}" ]; then
   for s in ${stalls//,/ }; do
     metrics=$metrics,smsp__warp_issue_stalled_${s}_per_warp_active.pct
   done
+  metrics=$metrics,sm__cycles_active.avg,sm__cycles_active.max,gpc__cycles_elapsed.max
   ncu --clock-control none -k regex:tq_attention_kernel -c 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-    --section ComputeWorkloadAnalysis --metrics "$metrics" \
+    --section ComputeWorkloadAnalysis --section WarpStateStats --metrics "$metrics" \
     python3 bench/cuda/attention_bench.py --lib "$bin/libturbokv_cuda_bench.so" \
     --cases "$NCU_CASE" > "$out/ncu.txt" 2>&1 || true
-  grep -E "Duration|DRAM Throughput|Compute \(SM\)|Issue Slots|Achieved Active Warps|Registers|stalled|pipe_|mio_inst|inst_executed" \
+  grep -E "Duration|DRAM Throughput|Compute \(SM\)|Issue Slots|Achieved Active Warps|Registers|stalled|pipe_|mio_inst|inst_executed|cycles_active|cycles_elapsed" \
     "$out/ncu.txt" | head -40
 fi
 exit $status

@@ -44,7 +44,8 @@ int max_len(const Case& c) { return *std::max_element(c.lens.begin(), c.lens.end
 // NaN before each; returns the second output.
 template <typename Attend>
 std::vector<float> run_attention(const Case& c, const std::vector<float>& q, float scale,
-                                 CacheKind kind, Attend attend) {
+                                 CacheKind kind, Attend attend,
+                                 TQBlockShape shape = TQBlockShape::kAuto) {
   auto d_q = DeviceBuffer<float>::upload(q);
   auto d_lens = DeviceBuffer<int>::upload(c.lens);
   DeviceBuffer<float> d_out(q.size());
@@ -59,6 +60,7 @@ std::vector<float> run_attention(const Case& c, const std::vector<float>& q, flo
   p.kv_heads = c.kv_heads;
   p.max_len = max_len(c);
   p.scale = scale;
+  p.tq_shape = shape;
   const size_t bytes = attention_workspace_bytes(p, kind);
   DeviceBuffer<uint8_t> workspace(bytes);
   workspace.zero();
@@ -114,13 +116,18 @@ void check_turboquant(const Case& c, uint64_t seed) {
   };
   const std::vector<float> ref = testing::reference_attention(
       q, c.lens, c.n_q, c.n_heads, c.kv_heads, kD, scale, at(k_hat), at(v_hat));
-  const std::vector<float> out =
-      run_attention(c, q, scale, CacheKind::kTurboQuant, [&](auto& p, void* ws, size_t bytes) {
-        tq_attention(codec.kernel_codec(), {tiles.data(), max_tiles}, p, ws, bytes, nullptr);
-      });
-  const double err = testing::max_row_relative_error(out, ref, kD);
-  std::printf("  turboquant max row relative error %.2e\n", err);
-  EXPECT_LT(err, 4e-3);  // fp16 query, centroids and probabilities
+  for (TQBlockShape shape : {TQBlockShape::kAuto, TQBlockShape::kDeep, TQBlockShape::kWide}) {
+    SCOPED_TRACE(int(shape));
+    const std::vector<float> out = run_attention(
+        c, q, scale, CacheKind::kTurboQuant,
+        [&](auto& p, void* ws, size_t bytes) {
+          tq_attention(codec.kernel_codec(), {tiles.data(), max_tiles}, p, ws, bytes, nullptr);
+        },
+        shape);
+    const double err = testing::max_row_relative_error(out, ref, kD);
+    std::printf("  turboquant (block shape %d) max row relative error %.2e\n", int(shape), err);
+    EXPECT_LT(err, 4e-3);  // fp16 query, centroids and probabilities
+  }
 }
 
 void check_dense(const Case& c, uint64_t seed) {

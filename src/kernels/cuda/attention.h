@@ -18,6 +18,14 @@
 
 namespace turbokv::cuda {
 
+enum class CacheKind { kTurboQuant, kDense };
+
+// Block shape of the TurboQuant kernel (one block per SM either way). kDeep: 12 warps, 3
+// stages (2 tiles in flight per warp), faster when each block has few tiles; kWide: 16 warps,
+// 2 stages, faster on long splits. kAuto picks kWide from 512 tiles per split on (measured on
+// an H200, see README).
+enum class TQBlockShape { kAuto, kDeep, kWide };
+
 struct AttentionProblem {
   const float* q = nullptr;
   const int* seq_lens = nullptr;
@@ -28,6 +36,7 @@ struct AttentionProblem {
   int kv_heads = 0;
   int max_len = 0;  // host-side max of seq_lens (sizes the split grid); every len >= n_q
   float scale = 0;  // score = scale * <q, k>
+  TQBlockShape tq_shape = TQBlockShape::kAuto;
 };
 
 struct TQCacheView {
@@ -41,7 +50,6 @@ struct DenseCacheView {
   int capacity = 0;  // tokens per (sequence, kv head)
 };
 
-enum class CacheKind { kTurboQuant, kDense };
 
 // Bytes of scratch the attention call needs for this problem (split partials and per-row-group
 // counters). The workspace must be zero-filled before its first use (cudaMemset); every call

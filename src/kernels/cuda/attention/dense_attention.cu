@@ -76,15 +76,14 @@ __global__ void __launch_bounds__(kWarps * 32)
     dense_attention_kernel(const AttentionArgs a, const __half* k_cache, const __half* v_cache,
                            int capacity) {
   extern __shared__ __align__(16) char smem[];
-  __shared__ float q_s[kColumns][kHeadDim];
+  __shared__ __align__(16) float q_s[kColumns][kHeadDim];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, c = lane % 4;
   const BlockCoords bc = block_coords(a, c);
   if (bc.tile_begin >= bc.tile_end) return;
 
-  for (int idx = threadIdx.x; idx < kColumns * kHeadDim; idx += blockDim.x) {
-    const float* q = query_row(a, bc, idx / kHeadDim);
-    q_s[idx / kHeadDim][idx % kHeadDim] = q != nullptr ? q[idx % kHeadDim] : 0.0f;
+  for (int row = warp; row < kColumns; row += kWarps) {
+    load_query_row(a, bc, row, lane, false, make_uint4(0, 0, 0, 0), 1.0f, q_s);
   }
   __syncthreads();
   uint32_t qf[8][2];  // natural dim order: k-rows 2c, 2c+1 | 2c+8, 2c+9 of chunk kk

@@ -8,14 +8,16 @@
 #include <cstdint>
 
 #include "kernels/cuda/attention/params.h"
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/tq_codec.h"
 
 namespace turbokv::cuda::attn {
 
 // grid (splits, kv_heads * row_groups, batch); tiles [batch, kv_heads, max_tiles, 3712 B].
+// One block per SM whatever the shape.
 void launch_tq_attention(const AttentionArgs& args, const TQKernelCodec& codec,
-                         const uint8_t* tiles, int max_tiles, int batch, cudaStream_t stream);
-int tq_attention_blocks_per_sm();
+                         const uint8_t* tiles, int max_tiles, int batch, TQBlockShape shape,
+                         cudaStream_t stream);
 
 // k, v [batch, kv_heads, capacity, 128] fp16.
 void launch_dense_attention(const AttentionArgs& args, const __half* k, const __half* v,

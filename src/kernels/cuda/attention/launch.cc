@@ -37,7 +37,6 @@ void validate(const AttentionProblem& p) {
 SplitPlan plan(const AttentionProblem& p, CacheKind kind) {
   validate(p);
   static const int sms = sm_count();
-  static const int tq_blocks = attn::tq_attention_blocks_per_sm();
   static const int dense_blocks = attn::dense_attention_blocks_per_sm();
   SplitPlan plan;
   attn::AttentionArgs& a = plan.args;
@@ -52,7 +51,7 @@ SplitPlan plan(const AttentionProblem& p, CacheKind kind) {
   a.scale_log2 = p.scale * 1.4426950408889634f;
   // As many splits as fill one wave of resident blocks (never more than one per tile).
   const int max_tiles = (p.max_len + attn::kTileTokens - 1) / attn::kTileTokens;
-  const int slots = sms * (kind == CacheKind::kTurboQuant ? tq_blocks : dense_blocks);
+  const int slots = sms * (kind == CacheKind::kTurboQuant ? 1 : dense_blocks);
   const int base = p.batch * p.kv_heads * a.row_groups;
   const int splits = std::clamp(slots / base, 1, std::min(max_tiles, attn::kMaxSplits));
   a.tiles_per_split = (max_tiles + splits - 1) / splits;
@@ -95,11 +94,16 @@ void tq_attention(const TQKernelCodec& codec, const TQCacheView& cache,
                                   " exceeds the cache capacity of ", cache.max_tiles, " tiles"));
   }
   bind_workspace(p, workspace, workspace_bytes);
+  TQBlockShape shape = problem.tq_shape;
+  if (shape == TQBlockShape::kAuto) {
+    shape = p.args.tiles_per_split >= 512 ? TQBlockShape::kWide : TQBlockShape::kDeep;
+  }
   p.args.unrotate = 1;
   p.args.hadamard_scale = codec.hadamard_scale;
   std::copy(std::begin(codec.value_sign_flips), std::end(codec.value_sign_flips),
             p.args.value_sign_flips);
-  attn::launch_tq_attention(p.args, codec, cache.tiles, cache.max_tiles, problem.batch, stream);
+  attn::launch_tq_attention(p.args, codec, cache.tiles, cache.max_tiles, problem.batch, shape,
+                            stream);
   TURBOKV_CUDA_CHECK_LAUNCH();
 }
 

@@ -13,25 +13,32 @@ namespace turbokv::cuda::attn {
 __device__ __forceinline__ void merge_row(const AttentionArgs& a, int b, int kv_head, int row,
                                           int n_splits, int lane) {
   const size_t base = ((size_t(b) * a.kv_heads + kv_head) * a.rows + row) * a.splits;
+  // Lane l holds the (m, l) of splits l, l + 32, ... (one round of loads).
+  constexpr int kRounds = kMaxSplits / 32;
+  float2 ml[kRounds];
   float m = -INFINITY;
-  for (int s = lane; s < n_splits; s += 32) m = fmaxf(m, __ldcg(&a.part_ml[base + s].x));
+#pragma unroll
+  for (int r = 0; r < kRounds; ++r) {
+    const int s = 32 * r + lane;
+    ml[r] = s < n_splits ? __ldcg(&a.part_ml[base + s]) : make_float2(-INFINITY, 0.0f);
+    m = fmaxf(m, ml[r].x);
+  }
   for (int k = 16; k > 0; k /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, k));
   float l = 0;
   float4 acc = make_float4(0, 0, 0, 0);
   if (m != -INFINITY) {
-    for (int s0 = 0; s0 < n_splits; s0 += 32) {
-      float my_weight = 0;
-      if (s0 + lane < n_splits) {
-        const float2 ml = __ldcg(&a.part_ml[base + s0 + lane]);
-        my_weight = fast_exp2(ml.x - m);
-        l += ml.y * my_weight;
-      }
-      const int count = min(32, n_splits - s0);
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {
+      if (32 * r >= n_splits) break;
+      const float my_weight = fast_exp2(ml[r].x - m);  // 0 for missing splits (-inf)
+      l += ml[r].y * my_weight;
+      const int count = min(32, n_splits - 32 * r);
 #pragma unroll 8
       for (int i = 0; i < count; ++i) {
         const float w = __shfl_sync(0xffffffffu, my_weight, i);
-        const float4 x = __ldcg(
-            reinterpret_cast<const float4*>(a.part_acc + (base + s0 + i) * kHeadDim) + lane);
+        const float4 x = __ldcg(reinterpret_cast<const float4*>(
+                                    a.part_acc + (base + 32 * r + i) * kHeadDim) +
+                                lane);
         acc.x += x.x * w, acc.y += x.y * w, acc.z += x.z * w, acc.w += x.w * w;
       }
     }

@@ -164,20 +164,22 @@ __device__ __forceinline__ void softmax_tile(WarpState& st, const float (&s)[2][
 }
 
 // Combines the block's warps and writes this split's partial (acc, m, l) for its rows.
-// scratch: >= kNumWarps * (kColumns * kHeadDim + 2 * kColumns) floats of shared memory that
+// scratch: >= kNumWarps * (kColumns * kHeadDim + 3 * kColumns) floats of shared memory that
 // no warp reads once every warp has arrived here.
 template <int kNumWarps>
 __device__ __forceinline__ void write_block_partial(WarpState& st, float* scratch,
                                                    const AttentionArgs& a, const BlockCoords& bc,
                                                    int warp, int g, int c) {
+  static_assert(kNumWarps * kColumns <= kNumWarps * 32, "one thread per (warp, column)");
   for (int i = 0; i < 2; ++i) {
     st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 4);
     st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 8);
     st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 16);
   }
-  float* s_acc = scratch;                                 // [kNumWarps, kColumns, kHeadDim]
+  float* s_acc = scratch;                                  // [kNumWarps, kColumns, kHeadDim]
   float* s_m = scratch + kNumWarps * kColumns * kHeadDim;  // [kNumWarps, kColumns]
   float* s_l = s_m + kNumWarps * kColumns;                 // [kNumWarps, kColumns]
+  float* s_w = s_l + kNumWarps * kColumns;                 // [kNumWarps, kColumns] weights
   __syncthreads();
 #pragma unroll
   for (int t = 0; t < 8; ++t) {
@@ -194,26 +196,79 @@ __device__ __forceinline__ void write_block_partial(WarpState& st, float* scratc
     }
   }
   __syncthreads();
+  // Weight of warp w in column col: 2^(m_w - max_w m_w) (0 when the column saw no token).
+  if (threadIdx.x < kNumWarps * kColumns) {
+    const int col = threadIdx.x % kColumns;
+    float m = -INFINITY;
+    for (int w = 0; w < kNumWarps; ++w) m = fmaxf(m, s_m[w * kColumns + col]);
+    const float mine = s_m[threadIdx.x];
+    s_w[threadIdx.x] = m == -INFINITY ? 0.0f : fast_exp2(mine - m);
+  }
+  __syncthreads();
+  const size_t first =
+      ((size_t(bc.b) * a.kv_heads + bc.kv_head) * a.rows + bc.row_group * kColumns) * a.splits +
+      bc.split;
   for (int idx = threadIdx.x; idx < kColumns * kHeadDim; idx += blockDim.x) {
     const int col = idx / kHeadDim;
     const int d = idx % kHeadDim;
-    const int row = bc.row_group * kColumns + col;
-    if (row >= a.rows) continue;
-    float m = -INFINITY;
-    for (int w = 0; w < kNumWarps; ++w) m = fmaxf(m, s_m[w * kColumns + col]);
-    float acc = 0, l = 0;
-    if (m != -INFINITY) {
+    if (bc.row_group * kColumns + col >= a.rows) continue;
+    float acc = 0;
+#pragma unroll
+    for (int w = 0; w < kNumWarps; ++w) {
+      acc += s_acc[(w * kColumns + col) * kHeadDim + d] * s_w[w * kColumns + col];
+    }
+    const size_t p = first + size_t(col) * a.splits;
+    a.part_acc[p * kHeadDim + d] = acc;
+    if (d == 0) {
+      float m = -INFINITY, l = 0;
       for (int w = 0; w < kNumWarps; ++w) {
-        const float f = fast_exp2(s_m[w * kColumns + col] - m);
-        acc += s_acc[(w * kColumns + col) * kHeadDim + d] * f;
-        l += s_l[w * kColumns + col] * f;
+        m = fmaxf(m, s_m[w * kColumns + col]);
+        l += s_l[w * kColumns + col] * s_w[w * kColumns + col];
+      }
+      a.part_ml[p] = make_float2(m, l);
+    }
+  }
+}
+
+// Rotated query rows for the score MMA: warp w < kColumns loads row w of the block (zeros for
+// padding rows), applies R = H diag(s) * scale with butterflies across lanes (lane l holds
+// dims 4l .. 4l+3; h = 1, 2 in the lane, h >= 4 by shuffles) and stores it to q_rot[w].
+// No rotation (dense): rotate = false, scale = 1.
+__device__ __forceinline__ void load_query_row(const AttentionArgs& a, const BlockCoords& bc,
+                                               int warp, int lane, bool rotate, uint4 flips,
+                                               float scale, float (*q_rot)[kHeadDim]) {
+  if (warp >= kColumns) return;
+  const float* q = query_row(a, bc, warp);
+  float4 x4 = q != nullptr ? reinterpret_cast<const float4*>(q)[lane] : make_float4(0, 0, 0, 0);
+  float o[4] = {x4.x, x4.y, x4.z, x4.w};
+  if (rotate) {
+    const uint32_t word = lane < 8 ? flips.x : lane < 16 ? flips.y : lane < 24 ? flips.z : flips.w;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if ((word >> ((4 * lane + j) % 32)) & 1u) o[j] = -o[j];
+    }
+#pragma unroll
+    for (int h = 1; h <= 2; h *= 2) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (j & h) continue;
+        const float u = o[j], v = o[j + h];
+        o[j] = u + v;
+        o[j + h] = u - v;
       }
     }
-    const size_t p =
-        ((size_t(bc.b) * a.kv_heads + bc.kv_head) * a.rows + row) * a.splits + bc.split;
-    a.part_acc[p * kHeadDim + d] = acc;
-    if (d == 0) a.part_ml[p] = make_float2(m, l);
+#pragma unroll
+    for (int h = 4; h < kHeadDim; h *= 2) {
+      const bool upper = lane & (h / 4);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float other = __shfl_xor_sync(0xffffffffu, o[j], h / 4);
+        o[j] = upper ? other - o[j] : o[j] + other;
+      }
+    }
   }
+  reinterpret_cast<float4*>(q_rot[warp])[lane] =
+      make_float4(o[0] * scale, o[1] * scale, o[2] * scale, o[3] * scale);
 }
 
 }  // namespace turbokv::cuda::attn
