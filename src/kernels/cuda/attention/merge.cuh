@@ -13,7 +13,15 @@ namespace turbokv::cuda::attn {
 __device__ __forceinline__ void merge_row(const AttentionArgs& a, int b, int kv_head, int row,
                                           int n_splits, int lane) {
   const size_t base = ((size_t(b) * a.kv_heads + kv_head) * a.rows + row) * a.splits;
-  // Lane l holds the (m, l) of splits l, l + 32, ... (one round of loads).
+  const float4* part = reinterpret_cast<const float4*>(a.part_acc + base * kHeadDim) + lane;
+  // The first kEarly splits' accumulators are loaded together with the (m, l) values: one
+  // round trip to L2 instead of two. Lane l holds the (m, l) of splits l, l + 32, ...
+  constexpr int kEarly = 16;
+  float4 early[kEarly];
+#pragma unroll
+  for (int i = 0; i < kEarly; ++i) {
+    early[i] = i < n_splits ? __ldcg(part + i * (kHeadDim / 4)) : make_float4(0, 0, 0, 0);
+  }
   constexpr int kRounds = kMaxSplits / 32;
   float2 ml[kRounds];
   float m = -INFINITY;
@@ -32,13 +40,20 @@ __device__ __forceinline__ void merge_row(const AttentionArgs& a, int b, int kv_
       if (32 * r >= n_splits) break;
       const float my_weight = fast_exp2(ml[r].x - m);  // 0 for missing splits (-inf)
       l += ml[r].y * my_weight;
+      if (r == 0) {
+#pragma unroll
+        for (int i = 0; i < kEarly; ++i) {
+          const float w = __shfl_sync(0xffffffffu, my_weight, i);  // 0 past n_splits
+          acc.x += early[i].x * w, acc.y += early[i].y * w;
+          acc.z += early[i].z * w, acc.w += early[i].w * w;
+        }
+      }
+      const int begin = r == 0 ? kEarly : 0;
       const int count = min(32, n_splits - 32 * r);
 #pragma unroll 8
-      for (int i = 0; i < count; ++i) {
+      for (int i = begin; i < count; ++i) {
         const float w = __shfl_sync(0xffffffffu, my_weight, i);
-        const float4 x = __ldcg(reinterpret_cast<const float4*>(
-                                    a.part_acc + (base + 32 * r + i) * kHeadDim) +
-                                lane);
+        const float4 x = __ldcg(part + (32 * r + i) * (kHeadDim / 4));
         acc.x += x.x * w, acc.y += x.y * w, acc.z += x.z * w, acc.w += x.w * w;
       }
     }

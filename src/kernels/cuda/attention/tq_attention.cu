@@ -193,14 +193,13 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, c = lane % 4;
-  const BlockCoords bc = block_coords(a, c);
-  if (bc.tile_begin >= bc.tile_end) return;  // split past this sequence's end (whole block)
-
   const uint32_t smem_base = smem_addr(smem);
   const SmemPlan plan(smem_base, TQShape<kWarps, kStages>::kStageSlots);
-  // Start streaming first: the table and query set-up overlaps the first loads.
+  // Start streaming before the sequence length is known: the first tiles of this split are
+  // inside the cache's capacity (allocated), whatever the length turns out to be.
+  const int kv_head = blockIdx.y / a.row_groups;
   const uint8_t* seq_tiles = tiles +
-                             (size_t(bc.b) * a.kv_heads + bc.kv_head) * size_t(max_tiles) *
+                             (size_t(blockIdx.z) * a.kv_heads + kv_head) * size_t(max_tiles) *
                                  L::kTileBytes +
                              16 * lane;
   uint32_t stage[kStages];  // this lane's chunk 0 in each stage; stage[0] is read next
@@ -208,12 +207,18 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   for (int i = 0; i < kStages; ++i) {
     stage[i] = smem_base + plan.slot_offset(kStages * warp + i) + 16 * lane;
   }
-  const int first = bc.tile_begin + warp;
+  const int first = blockIdx.x * a.tiles_per_split + warp;
+  const int prefetch_end = min((blockIdx.x + 1) * a.tiles_per_split, max_tiles);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
     const int t = first + i * kWarps;
-    if (t < bc.tile_end) stage_tile(stage[i], seq_tiles + size_t(t) * L::kTileBytes, lane);
+    if (t < prefetch_end) stage_tile(stage[i], seq_tiles + size_t(t) * L::kTileBytes, lane);
     cp_async_commit();
+  }
+  const BlockCoords bc = block_coords(a, c);
+  if (bc.tile_begin >= bc.tile_end) {  // split past this sequence's end (whole block)
+    cp_async_wait<0>();  // no copy may land in shared memory after the block is gone
+    return;
   }
 
   char* tables = smem + plan.table_offset;
