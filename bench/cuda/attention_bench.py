@@ -35,7 +35,7 @@ def load_lib(path):
     lib.tkv_tq_quantize.restype = D64
     lib.tkv_tq_quantize.argtypes = [P, P, P, P, I, I, I, I, U64]
     lib.tkv_time_tq_attention.restype = D64
-    lib.tkv_time_tq_attention.argtypes = [P, I, I, S, P, I, P, I, I, I, F32, P, U64, I, I]
+    lib.tkv_time_tq_attention.argtypes = [P, I, I, S, P, I, P, I, I, I, F32, P, U64, I, I, I]
     lib.tkv_time_dense_attention.restype = D64
     lib.tkv_time_dense_attention.argtypes = [P, P, I, I, S, P, I, P, I, I, I, F32, P, I, I]
     return lib
@@ -91,7 +91,7 @@ def copy_bandwidth():
     return 2 * n / (times[len(times) // 2] * 1e-3) / 1e9
 
 
-def run_case(lib, batch, ctx, seed=0):
+def run_case(lib, batch, ctx, tq_shape, seed=0):
     torch.manual_seed(seed)
     dev = "cuda"
     scale = 1.0 / math.sqrt(D)
@@ -128,7 +128,8 @@ def run_case(lib, batch, ctx, seed=0):
     out_dense = torch.empty_like(out_tq)
     tq_us = check(lib, lib.tkv_time_tq_attention(
         tiles.data_ptr(), max_tiles, tq_copies, tq_copy, lens.data_ptr(), ctx, q32.data_ptr(),
-        batch, N_HEADS, KV_HEADS, scale, out_tq.data_ptr(), seed, CALLS, REPS), "tq attention")
+        batch, N_HEADS, KV_HEADS, scale, out_tq.data_ptr(), seed, tq_shape, CALLS, REPS),
+        "tq attention")
     dense_us = check(lib, lib.tkv_time_dense_attention(
         k.data_ptr(), v.data_ptr(), ctx, f16_copies, batch * KV_HEADS * ctx * D, lens.data_ptr(),
         ctx, q32.data_ptr(), batch, N_HEADS, KV_HEADS, scale, out_dense.data_ptr(), CALLS, REPS),
@@ -159,6 +160,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lib", required=True)
     parser.add_argument("--cases", help="comma-separated batch:context list (default: all)")
+    parser.add_argument("--tq-shape", choices=["auto", "deep", "wide"], default="auto",
+                        help="TurboQuant block shape (default: the library's choice)")
     args = parser.parse_args()
     lib = load_lib(args.lib)
     props = torch.cuda.get_device_properties(0)
@@ -169,7 +172,8 @@ def main():
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {props.name}, {props.multi_processor_count} SMs, "
           f"torch {torch.__version__}, CUDA {torch.version.cuda}")
     print(f"# decode attention, {N_HEADS} query / {KV_HEADS} KV heads, d={D}, fp16 SDPA "
-          f"(enable_gqa=True) vs ours; CUDA-graph timing, median of {REPS} x {CALLS} calls")
+          f"(enable_gqa=True) vs ours (block shape {args.tq_shape}); CUDA-graph timing, median "
+          f"of {REPS} x {CALLS} calls")
     bw = copy_bandwidth()
     print(f"# device-to-device copy bandwidth (read+write): {bw:.0f} GB/s")
     header = (f"{'batch':>5} {'context':>8} {'sdpa_us':>9} {'dense_us':>9} {'tq35_us':>9} "
@@ -177,7 +181,7 @@ def main():
               f"{'dense_err':>9} {'tq_cos':>7}")
     print(header)
     for batch, ctx in cases:
-        r = run_case(lib, batch, ctx)
+        r = run_case(lib, batch, ctx, ["auto", "deep", "wide"].index(args.tq_shape))
         print(f"{r['batch']:>5} {r['ctx']:>8} {r['sdpa_us']:>9.1f} {r['dense_us']:>9.1f} "
               f"{r['tq_us']:>9.1f} {r['sdpa_us'] / r['tq_us']:>7.2f}x "
               f"{r['dense_us'] / r['tq_us']:>7.2f}x {r['sdpa_gbps']:>9.0f} {r['tq_gbps']:>8.0f} "

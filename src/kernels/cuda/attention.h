@@ -22,7 +22,7 @@ enum class CacheKind { kTurboQuant, kDense };
 
 // Block shape of the TurboQuant kernel (one block per SM either way). kDeep: 12 warps, 3
 // stages (2 tiles in flight per warp), faster when each block has few tiles; kWide: 16 warps,
-// 2 stages, faster on long splits. kAuto picks kWide from 512 tiles per split on (measured on
+// 2 stages, faster on long splits. kAuto picks kWide from 256 tiles per split on (measured on
 // an H200, see README).
 enum class TQBlockShape { kAuto, kDeep, kWide };
 

@@ -96,7 +96,7 @@ void tq_attention(const TQKernelCodec& codec, const TQCacheView& cache,
   bind_workspace(p, workspace, workspace_bytes);
   TQBlockShape shape = problem.tq_shape;
   if (shape == TQBlockShape::kAuto) {
-    shape = p.args.tiles_per_split >= 512 ? TQBlockShape::kWide : TQBlockShape::kDeep;
+    shape = p.args.tiles_per_split >= 256 ? TQBlockShape::kWide : TQBlockShape::kDeep;
   }
   p.args.unrotate = 1;
   p.args.hadamard_scale = codec.hadamard_scale;
