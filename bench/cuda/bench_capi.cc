@@ -79,8 +79,8 @@ double guarded(Fn fn) {
   }
 }
 
-AttentionProblem problem(const int* seq_lens, int max_len, const float* q, int batch,
-                         int n_heads, int kv_heads, float scale, float* out) {
+AttentionProblem problem(const int* seq_lens, int max_len, const float* q, int batch, int n_heads,
+                         int kv_heads, float scale, float* out) {
   AttentionProblem p;
   p.q = q;
   p.seq_lens = seq_lens;
@@ -98,13 +98,17 @@ AttentionProblem problem(const int* seq_lens, int max_len, const float* q, int b
 
 extern "C" {
 
-const char* tkv_last_error() { return g_error.c_str(); }
+const char* tkv_last_error() {
+  return g_error.c_str();
+}
 
-int tkv_tq_tile_bytes() { return TQ35Layout::kTileBytes; }
+int tkv_tq_tile_bytes() {
+  return TQ35Layout::kTileBytes;
+}
 
 // k, v [batch, n_new, kv_heads, 128] fp32 -> tiles [batch, kv_heads, max_tiles, 3712].
-double tkv_tq_quantize(const float* k, const float* v, const int* start, uint8_t* tiles,
-                       int batch, int n_new, int kv_heads, int max_tiles, uint64_t seed) {
+double tkv_tq_quantize(const float* k, const float* v, const int* start, uint8_t* tiles, int batch,
+                       int n_new, int kv_heads, int max_tiles, uint64_t seed) {
   return guarded([&] {
     tq_quantize(codec_for(seed).kernel_codec(),
                 {k, v, start, tiles, batch, n_new, kv_heads, max_tiles}, nullptr);
@@ -121,8 +125,9 @@ double tkv_time_tq_attention(const uint8_t* tiles, int max_tiles, int copies, si
                              int shape, int calls, int reps) {
   return guarded([&] {
     AttentionProblem p = problem(seq_lens, max_len, q, batch, n_heads, kv_heads, scale, out);
-    p.tq_shape = shape == 1 ? TQBlockShape::kDeep
-                            : shape == 2 ? TQBlockShape::kWide : TQBlockShape::kAuto;
+    p.tq_shape = shape == 1   ? TQBlockShape::kDeep
+                 : shape == 2 ? TQBlockShape::kWide
+                              : TQBlockShape::kAuto;
     const size_t bytes = attention_workspace_bytes(p, CacheKind::kTurboQuant);
     DeviceBuffer<uint8_t> workspace(bytes);
     workspace.zero();
@@ -138,9 +143,9 @@ double tkv_time_tq_attention(const uint8_t* tiles, int max_tiles, int copies, si
 
 // k, v: `copies` caches [batch, kv_heads, capacity, 128] fp16 of copy_elems each.
 double tkv_time_dense_attention(const uint16_t* k, const uint16_t* v, int capacity, int copies,
-                                size_t copy_elems, const int* seq_lens, int max_len,
-                                const float* q, int batch, int n_heads, int kv_heads,
-                                float scale, float* out, int calls, int reps) {
+                                size_t copy_elems, const int* seq_lens, int max_len, const float* q,
+                                int batch, int n_heads, int kv_heads, float scale, float* out,
+                                int calls, int reps) {
   return guarded([&] {
     const AttentionProblem p = problem(seq_lens, max_len, q, batch, n_heads, kv_heads, scale, out);
     const size_t bytes = attention_workspace_bytes(p, CacheKind::kDense);

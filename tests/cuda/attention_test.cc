@@ -5,13 +5,14 @@
 //  - dense fp16: the reference sees the same fp16-rounded keys and values.
 // Batches mix sequence lengths (partial tiles, one-token sequences, many splits), GQA groups
 // of 1, 4 and 8, decode (n_q = 1) and prefill over the cache (n_q > 1, causal).
+#include "kernels/cuda/attention.h"
+
 #include <cuda_fp16.h>
 
 #include <cstdio>
 #include <sstream>
 
 #include "core/error.h"
-#include "kernels/cuda/attention.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/tq_layout.h"
 #include "kernels/cuda/tq_quantize.h"
@@ -38,7 +39,9 @@ std::string describe(const Case& c) {
   return s.str();
 }
 
-int max_len(const Case& c) { return *std::max_element(c.lens.begin(), c.lens.end()); }
+int max_len(const Case& c) {
+  return *std::max_element(c.lens.begin(), c.lens.end());
+}
 
 // Runs `attend(problem, workspace, bytes)` twice on one workspace, the output poisoned with
 // NaN before each; returns the second output.
@@ -93,10 +96,10 @@ void check_turboquant(const Case& c, uint64_t seed) {
   auto d_start = DeviceBuffer<int>::upload(std::vector<int>(batch, 0));
   DeviceBuffer<uint8_t> tiles(size_t(batch) * c.kv_heads * max_tiles * TQ35Layout::kTileBytes);
   TURBOKV_CUDA_CHECK(cudaMemset(tiles.data(), 0xff, tiles.bytes()));  // garbage past the end
-  tq_quantize(codec.kernel_codec(),
-              {d_k.data(), d_v.data(), d_start.data(), tiles.data(), batch, cap, c.kv_heads,
-               max_tiles},
-              nullptr);
+  tq_quantize(
+      codec.kernel_codec(),
+      {d_k.data(), d_v.data(), d_start.data(), tiles.data(), batch, cap, c.kv_heads, max_tiles},
+      nullptr);
 
   // Reference inputs: the CPU codec's reconstruction of every key and value.
   std::vector<float> k_hat(k.size()), v_hat(v.size());
@@ -162,15 +165,13 @@ void check_dense(const Case& c, uint64_t seed) {
       return &x[((size_t(b) * c.kv_heads + h) * cap + t) * kD];
     };
   };
-  const std::vector<float> ref =
-      testing::reference_attention(q, c.lens, c.n_q, c.n_heads, c.kv_heads, kD, scale, at(k),
-                                   at(v));
+  const std::vector<float> ref = testing::reference_attention(q, c.lens, c.n_q, c.n_heads,
+                                                              c.kv_heads, kD, scale, at(k), at(v));
   const DenseCacheView cache{reinterpret_cast<const __half*>(d_k.data()),
                              reinterpret_cast<const __half*>(d_v.data()), cap};
-  const std::vector<float> out =
-      run_attention(c, q, scale, CacheKind::kDense, [&](auto& p, void* ws, size_t bytes) {
-        dense_attention(cache, p, ws, bytes, nullptr);
-      });
+  const std::vector<float> out = run_attention(
+      c, q, scale, CacheKind::kDense,
+      [&](auto& p, void* ws, size_t bytes) { dense_attention(cache, p, ws, bytes, nullptr); });
   const double err = testing::max_row_relative_error(out, ref, kD);
   std::printf("  dense max row relative error %.2e\n", err);
   EXPECT_LT(err, 3e-3);  // fp16 query and P
@@ -197,7 +198,9 @@ TEST_F(CudaAttention, DenseDecodeMatchesReference) {
   check_dense({{20000}, 1, 32, 8}, 202);
 }
 
-TEST_F(CudaAttention, DensePrefillIsCausal) { check_dense({{40, 100}, 7, 8, 2}, 210); }
+TEST_F(CudaAttention, DensePrefillIsCausal) {
+  check_dense({{40, 100}, 7, 8, 2}, 210);
+}
 
 TEST(CudaAttentionArgs, RejectsBadShapesBeforeTouchingTheDevice) {
   AttentionProblem p;

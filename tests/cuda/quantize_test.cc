@@ -74,16 +74,15 @@ TEST_F(CudaQuantize, PrefillCodesAreBitIdenticalToCpu) {
     auto d_start = DeviceBuffer<int>::upload(start);
     DeviceBuffer<uint8_t> tiles(size_t(batch) * kv_heads * max_tiles * TQ35Layout::kTileBytes);
     tiles.zero();
-    TQQuantizeProblem p{d_k.data(), d_v.data(), d_start.data(), tiles.data(), batch, n,
-                        kv_heads,   max_tiles};
+    TQQuantizeProblem p{d_k.data(), d_v.data(), d_start.data(), tiles.data(),
+                        batch,      n,          kv_heads,       max_tiles};
     tq_quantize(codec.kernel_codec(), p, nullptr);
     TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
     // Tokens before start[1] of sequence 1 were never written: their codes stay zero.
     const std::vector<uint8_t> host = tiles.download();
     expect_codes_match(codec, host, k, v, {0, 45}, n, kv_heads, max_tiles);
-    const TQHostCodes untouched =
-        tq_codes_from_tiles(host.data() + size_t(kv_heads) * max_tiles * TQ35Layout::kTileBytes,
-                            45);
+    const TQHostCodes untouched = tq_codes_from_tiles(
+        host.data() + size_t(kv_heads) * max_tiles * TQ35Layout::kTileBytes, 45);
     for (uint8_t byte : untouched.value_codes) ASSERT_EQ(byte, 0);
   }
 }
@@ -109,8 +108,8 @@ TEST_F(CudaQuantize, DecodeStepsKeepNeighbourCodes) {
     auto d_k = DeviceBuffer<float>::upload(step_k);
     auto d_v = DeviceBuffer<float>::upload(step_v);
     auto d_start = DeviceBuffer<int>::upload(std::vector<int>(batch, s));
-    TQQuantizeProblem p{d_k.data(), d_v.data(), d_start.data(), tiles.data(), batch, 1,
-                        kv_heads,   max_tiles};
+    TQQuantizeProblem p{d_k.data(), d_v.data(), d_start.data(), tiles.data(),
+                        batch,      1,          kv_heads,       max_tiles};
     tq_quantize(codec.kernel_codec(), p, nullptr);
   }
   TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());

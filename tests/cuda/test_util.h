@@ -75,8 +75,8 @@ std::vector<float> reference_attention(const std::vector<float>& q, const std::v
 }
 
 // Largest over rows of |out_row - ref_row| / |ref_row| (rows of d floats); NaN if any NaN.
-inline double max_row_relative_error(const std::vector<float>& out,
-                                     const std::vector<float>& ref, int d) {
+inline double max_row_relative_error(const std::vector<float>& out, const std::vector<float>& ref,
+                                     int d) {
   double worst = 0;
   for (size_t r = 0; r + d <= ref.size(); r += d) {
     double diff = 0, norm = 0;

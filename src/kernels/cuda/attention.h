@@ -50,7 +50,6 @@ struct DenseCacheView {
   int capacity = 0;  // tokens per (sequence, kv head)
 };
 
-
 // Bytes of scratch the attention call needs for this problem (split partials and per-row-group
 // counters). The workspace must be zero-filled before its first use (cudaMemset); every call
 // leaves it ready for the next one, so it can be allocated once and reused (and captured in a
@@ -62,7 +61,7 @@ size_t attention_workspace_bytes(const AttentionProblem& problem, CacheKind kind
 void tq_attention(const TQKernelCodec& codec, const TQCacheView& cache,
                   const AttentionProblem& problem, void* workspace, size_t workspace_bytes,
                   cudaStream_t stream);
-void dense_attention(const DenseCacheView& cache, const AttentionProblem& problem,
-                     void* workspace, size_t workspace_bytes, cudaStream_t stream);
+void dense_attention(const DenseCacheView& cache, const AttentionProblem& problem, void* workspace,
+                     size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace turbokv::cuda

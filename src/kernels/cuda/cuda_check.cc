@@ -4,8 +4,8 @@
 namespace turbokv::cuda {
 
 void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
-  throw Error(str_cat("CUDA error ", cudaGetErrorName(err), " (", cudaGetErrorString(err),
-                      ") in ", what, " at ", file, ":", line));
+  throw Error(str_cat("CUDA error ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ") in ",
+                      what, " at ", file, ":", line));
 }
 
 bool device_available() {

@@ -19,11 +19,11 @@ int sm_count();
 
 }  // namespace turbokv::cuda
 
-#define TURBOKV_CUDA_CHECK(expr)                                                        \
-  do {                                                                                  \
-    const cudaError_t tkv_cuda_err_ = (expr);                                           \
-    if (tkv_cuda_err_ != cudaSuccess)                                                   \
-      ::turbokv::cuda::throw_cuda_error(tkv_cuda_err_, #expr, __FILE__, __LINE__);      \
+#define TURBOKV_CUDA_CHECK(expr)                                                   \
+  do {                                                                             \
+    const cudaError_t tkv_cuda_err_ = (expr);                                      \
+    if (tkv_cuda_err_ != cudaSuccess)                                              \
+      ::turbokv::cuda::throw_cuda_error(tkv_cuda_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
 // After a kernel launch: reports bad launch configurations at the call site.

@@ -16,10 +16,10 @@ struct TQKernelCodec {
   float key_boundaries[7];
   float value_centroids[16];
   float value_boundaries[15];
-  float hadamard_scale;           // float(1/sqrt(128)), the rotation's scale
-  uint32_t key_sign_flips[4];     // bit i of the 128-bit mask: dim i flips sign (keys)
-  uint32_t value_sign_flips[4];   // same for values
-  int norm_correction;            // 1: stored norm = |x| / |c[idx]| (codec_mse.h step 5)
+  float hadamard_scale;          // float(1/sqrt(128)), the rotation's scale
+  uint32_t key_sign_flips[4];    // bit i of the 128-bit mask: dim i flips sign (keys)
+  uint32_t value_sign_flips[4];  // same for values
+  int norm_correction;           // 1: stored norm = |x| / |c[idx]| (codec_mse.h step 5)
 };
 
 class TQDeviceCodec {

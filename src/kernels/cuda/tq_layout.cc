@@ -18,7 +18,9 @@ uint32_t load_word(const uint8_t* p) {
   std::memcpy(&w, p, 4);
   return w;
 }
-void store_word(uint8_t* p, uint32_t w) { std::memcpy(p, &w, 4); }
+void store_word(uint8_t* p, uint32_t w) {
+  std::memcpy(p, &w, 4);
+}
 
 // Bits [bit, bit + width) of a lane's record of `words` 32-bit words inside a tile section.
 int read_lane_bits(const uint8_t* tile, int section, int lane, int bit, int width) {
@@ -84,11 +86,11 @@ TQHostCodes tq_codes_from_tiles(const uint8_t* tiles, int tokens) {
     const uint8_t* tile = tiles + size_t(t / L::kTileTokens) * L::kTileBytes;
     const int tok = t % L::kTileTokens;
     for (int d = 0; d < L::kHeadDim; ++d) {
-      k_idx[d] = uint8_t(read_lane_bits(tile, 0, L::key_lane(tok, d), L::key_bit(tok, d),
-                                        L::kKeyBits));
-      v_idx[d] = uint8_t(read_lane_bits(tile, L::kValueOffset, L::value_lane(tok, d),
-                                        32 * L::value_word(tok, d) + L::value_bit(tok, d),
-                                        L::kValueBits));
+      k_idx[d] =
+          uint8_t(read_lane_bits(tile, 0, L::key_lane(tok, d), L::key_bit(tok, d), L::kKeyBits));
+      v_idx[d] =
+          uint8_t(read_lane_bits(tile, L::kValueOffset, L::value_lane(tok, d),
+                                 32 * L::value_word(tok, d) + L::value_bit(tok, d), L::kValueBits));
     }
     quant::pack_codes(k_idx.data(), L::kHeadDim, L::kKeyBits,
                       codes.key_codes.data() + size_t(t) * kKeyCodeBytes);

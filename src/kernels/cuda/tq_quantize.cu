@@ -49,8 +49,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const int head = int(rest % p.kv_heads);
   const int i = int((rest / p.kv_heads) % p.n_new);
   const int b = int(rest / (int64_t(p.kv_heads) * p.n_new));
-  const float* src = (role == 0 ? p.k : p.v) + ((int64_t(b) * p.n_new + i) * p.kv_heads + head) *
-                                                     L::kHeadDim;
+  const float* src =
+      (role == 0 ? p.k : p.v) + ((int64_t(b) * p.n_new + i) * p.kv_heads + head) * L::kHeadDim;
   const float4 x4 = reinterpret_cast<const float4*>(src)[lane];
   const float x[4] = {x4.x, x4.y, x4.z, x4.w};
 
@@ -102,8 +102,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 
   // 6. pack into the tile
   const int token = p.start[b] + i;
-  uint8_t* tile = p.tiles + ((int64_t(b) * p.kv_heads + head) * p.max_tiles +
-                             token / L::kTileTokens) * int64_t(L::kTileBytes);
+  uint8_t* tile =
+      p.tiles + ((int64_t(b) * p.kv_heads + head) * p.max_tiles + token / L::kTileTokens) *
+                    int64_t(L::kTileBytes);
   const int tok = token % L::kTileTokens;
   if (role == 0) {
     // Lane l's 12 bits land at bit 12*(l%8) of its quarter's 96-bit slot; OR over the 8 lanes.
@@ -128,8 +129,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     for (int j = 0; j < 4; ++j) {
       const int d = 4 * lane + j;
       uint32_t* word = reinterpret_cast<uint32_t*>(
-          tile + L::lane_word_offset(L::kValueOffset, L::value_lane(tok, d),
-                                     L::value_word(tok, d)));
+          tile +
+          L::lane_word_offset(L::kValueOffset, L::value_lane(tok, d), L::value_word(tok, d)));
       const int bit = L::value_bit(tok, d);
       atomicAnd(word, ~(0xFu << bit));
       atomicOr(word, code[j] << bit);
@@ -145,8 +146,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 void tq_quantize(const TQKernelCodec& codec, const TQQuantizeProblem& problem,
                  cudaStream_t stream) {
   if (problem.batch < 1 || problem.n_new < 1 || problem.kv_heads < 1 || problem.max_tiles < 1) {
-    throw InvalidArgument(str_cat("tq_quantize: batch ", problem.batch, ", n_new ",
-                                  problem.n_new, ", kv_heads ", problem.kv_heads, ", max_tiles ",
+    throw InvalidArgument(str_cat("tq_quantize: batch ", problem.batch, ", n_new ", problem.n_new,
+                                  ", kv_heads ", problem.kv_heads, ", max_tiles ",
                                   problem.max_tiles, ": all must be >= 1"));
   }
   const int64_t vectors = int64_t(problem.batch) * problem.n_new * problem.kv_heads * 2;

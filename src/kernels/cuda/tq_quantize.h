@@ -12,10 +12,10 @@
 namespace turbokv::cuda {
 
 struct TQQuantizeProblem {
-  const float* k = nullptr;       // [batch, n_new, kv_heads, 128] fp32 (device)
-  const float* v = nullptr;       // same shape
-  const int* start = nullptr;     // [batch] (device): position of each sequence's first new token
-  uint8_t* tiles = nullptr;       // [batch, kv_heads, max_tiles, 3712 B] (device)
+  const float* k = nullptr;    // [batch, n_new, kv_heads, 128] fp32 (device)
+  const float* v = nullptr;    // same shape
+  const int* start = nullptr;  // [batch] (device): position of each sequence's first new token
+  uint8_t* tiles = nullptr;    // [batch, kv_heads, max_tiles, 3712 B] (device)
   int batch = 0;
   int n_new = 0;
   int kv_heads = 0;
@@ -24,7 +24,6 @@ struct TQQuantizeProblem {
 
 // Throws InvalidArgument for non-positive shapes. Tokens may be written in any order; other
 // tokens sharing a tile are left untouched.
-void tq_quantize(const TQKernelCodec& codec, const TQQuantizeProblem& problem,
-                 cudaStream_t stream);
+void tq_quantize(const TQKernelCodec& codec, const TQQuantizeProblem& problem, cudaStream_t stream);
 
 }  // namespace turbokv::cuda

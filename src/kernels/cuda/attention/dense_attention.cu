@@ -15,15 +15,15 @@ namespace turbokv::cuda::attn {
 namespace {
 
 constexpr int kStages = 3;
-constexpr int kRowBytes = kHeadDim * 2 + 16;               // 272: padded fp16 row
-constexpr int kTileBytes = kTileTokens * kRowBytes;        // one K or V tile
-constexpr int kStageBytes = 2 * kTileBytes;                // K then V
+constexpr int kRowBytes = kHeadDim * 2 + 16;         // 272: padded fp16 row
+constexpr int kTileBytes = kTileTokens * kRowBytes;  // one K or V tile
+constexpr int kStageBytes = 2 * kTileBytes;          // K then V
 constexpr int kWarpBytes = kStages * kStageBytes;
-constexpr int kSmemBytes = kWarps * kWarpBytes;            // 208896
+constexpr int kSmemBytes = kWarps * kWarpBytes;  // 208896
 
 // Stages tile `t` (tokens 32t .. 32t+31 of k/v rows [capacity, 128]) into `stage`.
-__device__ __forceinline__ void stage_tile(uint32_t stage, const __half* k, const __half* v,
-                                           int t, int len, int lane) {
+__device__ __forceinline__ void stage_tile(uint32_t stage, const __half* k, const __half* v, int t,
+                                           int len, int lane) {
 #pragma unroll
   for (int i = 0; i < kTileTokens * kHeadDim * 2 / 16 / 32; ++i) {
     const int chunk = i * 32 + lane;
@@ -114,12 +114,11 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncwarp();
     const int ahead = t + (kStages - 1) * kWarps;
     if (ahead < bc.tile_end) {
-      stage_tile(warp_smem + ((i + kStages - 1) % kStages) * kStageBytes, k, v, ahead, len,
-                 lane);
+      stage_tile(warp_smem + ((i + kStages - 1) % kStages) * kStageBytes, k, v, ahead, len, lane);
     }
     cp_async_commit();
-    process_staged(warp_smem + (i % kStages) * kStageBytes, t * kTileTokens, qf, a.scale_log2,
-                   bc, lane, st);
+    process_staged(warp_smem + (i % kStages) * kStageBytes, t * kTileTokens, qf, a.scale_log2, bc,
+                   lane, st);
     __syncwarp();
   }
   cp_async_wait<0>();
@@ -142,8 +141,8 @@ void launch_dense_attention(const AttentionArgs& args, const __half* k, const __
 }
 
 int dense_attention_blocks_per_sm() {
-  TURBOKV_CUDA_CHECK(cudaFuncSetAttribute(
-      dense_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  TURBOKV_CUDA_CHECK(cudaFuncSetAttribute(dense_attention_kernel,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   int blocks = 0;
   cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, dense_attention_kernel, kWarps * 32,
                                                 kSmemBytes);

@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/attention/params.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention/params.h"
 #include "kernels/cuda/tq_codec.h"
 
 namespace turbokv::cuda::attn {

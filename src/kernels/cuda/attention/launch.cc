@@ -20,14 +20,14 @@ struct SplitPlan {
 void validate(const AttentionProblem& p) {
   if (p.batch < 1 || p.n_q < 1 || p.kv_heads < 1 || p.n_heads < p.kv_heads ||
       p.n_heads % p.kv_heads != 0) {
-    throw InvalidArgument(str_cat("CUDA attention: batch ", p.batch, ", n_q ", p.n_q,
-                                  ", n_heads ", p.n_heads, ", kv_heads ", p.kv_heads,
+    throw InvalidArgument(str_cat("CUDA attention: batch ", p.batch, ", n_q ", p.n_q, ", n_heads ",
+                                  p.n_heads, ", kv_heads ", p.kv_heads,
                                   ": need batch, n_q >= 1 and n_heads a positive multiple of "
                                   "kv_heads"));
   }
   if (p.max_len < p.n_q) {
-    throw InvalidArgument(str_cat("CUDA attention: max_len ", p.max_len,
-                                  " is shorter than the ", p.n_q, " queries"));
+    throw InvalidArgument(
+        str_cat("CUDA attention: max_len ", p.max_len, " is shorter than the ", p.n_q, " queries"));
   }
   if (!(p.scale > 0)) {
     throw InvalidArgument(str_cat("CUDA attention: scale ", p.scale, " must be > 0"));
@@ -107,8 +107,8 @@ void tq_attention(const TQKernelCodec& codec, const TQCacheView& cache,
   TURBOKV_CUDA_CHECK_LAUNCH();
 }
 
-void dense_attention(const DenseCacheView& cache, const AttentionProblem& problem,
-                     void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+void dense_attention(const DenseCacheView& cache, const AttentionProblem& problem, void* workspace,
+                     size_t workspace_bytes, cudaStream_t stream) {
   SplitPlan p = plan(problem, CacheKind::kDense);
   if (cache.capacity < problem.max_len) {
     throw InvalidArgument(str_cat("CUDA attention: max_len ", problem.max_len,

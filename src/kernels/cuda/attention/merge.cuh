@@ -87,8 +87,8 @@ __device__ __forceinline__ void merge_row(const AttentionArgs& a, int b, int kv_
   }
   const int qi = row / a.group;
   const int head = kv_head * a.group + row % a.group;
-  reinterpret_cast<float4*>(a.out + ((size_t(b) * a.n_q + qi) * a.n_heads + head) * kHeadDim)
-      [lane] = make_float4(o[0], o[1], o[2], o[3]);
+  reinterpret_cast<float4*>(a.out + ((size_t(b) * a.n_q + qi) * a.n_heads + head) *
+                                        kHeadDim)[lane] = make_float4(o[0], o[1], o[2], o[3]);
 }
 
 // After write_block_partial: counts this block in; the last block of the row group merges

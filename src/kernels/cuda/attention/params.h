@@ -9,9 +9,9 @@
 // split of the sequence, so one pass over a KV head's cache serves all its query heads.
 #pragma once
 
-#include <cstdint>
-
 #include <vector_types.h>
+
+#include <cstdint>
 
 namespace turbokv::cuda::attn {
 
@@ -33,9 +33,9 @@ struct AttentionArgs {
   int n_q = 0;
   int n_heads = 0;
   int kv_heads = 0;
-  int group = 0;       // n_heads / kv_heads
-  int rows = 0;        // n_q * group
-  int row_groups = 0;  // ceil(rows / kColumns)
+  int group = 0;         // n_heads / kv_heads
+  int rows = 0;          // n_q * group
+  int row_groups = 0;    // ceil(rows / kColumns)
   float scale_log2 = 0;  // attention scale * log2(e)
   int tiles_per_split = 0;
   int splits = 0;

@@ -81,9 +81,9 @@ __device__ __forceinline__ const float* query_row(const AttentionArgs& a, const 
 }
 
 struct WarpState {
-  float m[2];         // running max of log2-scores, columns 2c, 2c+1
-  float l[2];         // running sum of 2^(s - m) over this thread's tokens
-  float acc[8][4];    // O^T fragments, one per 16-dim tile
+  float m[2];       // running max of log2-scores, columns 2c, 2c+1
+  float l[2];       // running sum of 2^(s - m) over this thread's tokens
+  float acc[8][4];  // O^T fragments, one per 16-dim tile
 
   __device__ __forceinline__ void init() {
     for (int i = 0; i < 2; ++i) {
@@ -168,8 +168,8 @@ __device__ __forceinline__ void softmax_tile(WarpState& st, const float (&s)[2][
 // no warp reads once every warp has arrived here.
 template <int kNumWarps>
 __device__ __forceinline__ void write_block_partial(WarpState& st, float* scratch,
-                                                   const AttentionArgs& a, const BlockCoords& bc,
-                                                   int warp, int g, int c) {
+                                                    const AttentionArgs& a, const BlockCoords& bc,
+                                                    int warp, int g, int c) {
   static_assert(kNumWarps * kColumns <= kNumWarps * 32, "one thread per (warp, column)");
   for (int i = 0; i < 2; ++i) {
     st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 4);
@@ -185,8 +185,7 @@ __device__ __forceinline__ void write_block_partial(WarpState& st, float* scratc
   for (int t = 0; t < 8; ++t) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      s_acc[(warp * kColumns + 2 * c + j % 2) * kHeadDim + 16 * t + g + 8 * (j / 2)] =
-          st.acc[t][j];
+      s_acc[(warp * kColumns + 2 * c + j % 2) * kHeadDim + 16 * t + g + 8 * (j / 2)] = st.acc[t][j];
     }
   }
   if (g == 0) {

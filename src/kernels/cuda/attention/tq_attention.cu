@@ -51,8 +51,9 @@ struct SmemPlan {
       : table_offset((65536u - base % 65536u) % 65536u),
         low_slots(min(slots, int(table_offset) / L::kTileBytes)) {}
   __device__ __forceinline__ uint32_t slot_offset(int slot) const {
-    return slot < low_slots ? uint32_t(slot) * L::kTileBytes
-                            : table_offset + kTableBytes + uint32_t(slot - low_slots) * L::kTileBytes;
+    return slot < low_slots
+               ? uint32_t(slot) * L::kTileBytes
+               : table_offset + kTableBytes + uint32_t(slot - low_slots) * L::kTileBytes;
   }
 };
 
@@ -119,8 +120,8 @@ __device__ __forceinline__ uint32_t table_load(uint32_t address) {
 }
 
 __device__ __forceinline__ uint32_t key_operand(uint32_t lane_table,
-                                                const uint32_t (&k)[L::kKeyWordsPerLane],
-                                                int slot, int pair) {
+                                                const uint32_t (&k)[L::kKeyWordsPerLane], int slot,
+                                                int pair) {
   const uint32_t row = key_pair_row(k, 96 * slot + 6 * pair);
   return table_load<kKeyTableOffset>((row & 0x3F00u) | lane_table);
 }
@@ -198,10 +199,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   // Start streaming before the sequence length is known: the first tiles of this split are
   // inside the cache's capacity (allocated), whatever the length turns out to be.
   const int kv_head = blockIdx.y / a.row_groups;
-  const uint8_t* seq_tiles = tiles +
-                             (size_t(blockIdx.z) * a.kv_heads + kv_head) * size_t(max_tiles) *
-                                 L::kTileBytes +
-                             16 * lane;
+  const uint8_t* seq_tiles =
+      tiles + (size_t(blockIdx.z) * a.kv_heads + kv_head) * size_t(max_tiles) * L::kTileBytes +
+      16 * lane;
   uint32_t stage[kStages];  // this lane's chunk 0 in each stage; stage[0] is read next
 #pragma unroll
   for (int i = 0; i < kStages; ++i) {
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   }
   const BlockCoords bc = block_coords(a, c);
   if (bc.tile_begin >= bc.tile_end) {  // split past this sequence's end (whole block)
-    cp_async_wait<0>();  // no copy may land in shared memory after the block is gone
+    cp_async_wait<0>();                // no copy may land in shared memory after the block is gone
     return;
   }
 
