@@ -6,10 +6,7 @@
 # usage: bench/cuda/run_device.sh BIN_DIR OUT_DIR    (BIN_DIR: cuda_tests and
 #        libturbokv_cuda_bench.so, built with `cmake --build build --target cuda_tests
 #        turbokv_cuda_bench`)
-# env: BENCH_CASES (batch:context list), BENCH_COMPARE (TurboQuant block shapes also timed,
-#      see attention_bench.py --compare), SKIP_NCU, NCU_CASE, NCU_SHAPE (block shape profiled).
 set -uo pipefail
-here=$(dirname "$(realpath "$0")")
 bin=$(realpath "$1")
 out=$(realpath "$2")
 status=0
@@ -28,14 +25,12 @@ grep -E "ERROR SUMMARY|PASSED|FAILED" "$out/memcheck.log" | tail -4
 echo "== benchmark"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-' | sed 's/nvidia-//')
 result="bench/results/$(date -u +%Y-%m-%d)-$gpu-attention.txt"
-PYTHONUNBUFFERED=1 python3 "$here/attention_bench.py" --lib "$bin/libturbokv_cuda_bench.so" \
-  ${BENCH_CASES:+--cases "$BENCH_CASES"} ${BENCH_COMPARE:+--compare "$BENCH_COMPARE"} \
-  | tee "$out/bench.txt" || status=1
+PYTHONUNBUFFERED=1 python3 bench/cuda/attention_bench.py --lib "$bin/libturbokv_cuda_bench.so" \
+  ${BENCH_CASES:+--cases "$BENCH_CASES"} | tee "$out/bench.txt" || status=1
 cp "$out/bench.txt" "$out/$(basename "$result")"
 
 if [ -z "${SKIP_NCU:-}" ]; then
-  echo "== ncu (first launch of the TurboQuant kernel, batch:context ${NCU_CASE:=1:131072}," \
-    "block shape ${NCU_SHAPE:=auto})"
+  echo "== ncu (first launch of the TurboQuant kernel, batch:context ${NCU_CASE:=1:131072})"
   stalls=long_scoreboard,short_scoreboard,mio_throttle,lg_throttle,wait,barrier,math_pipe_throttle,no_instruction
   metrics=sm__inst_executed.sum,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active
   metrics=$metrics,sm__mio_inst_issued.avg.pct_of_peak_sustained_active
@@ -48,8 +43,8 @@ if [ -z "${SKIP_NCU:-}" ]; then
   ncu --clock-control none -k regex:tq_attention_kernel -c 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
     --section ComputeWorkloadAnalysis --section WarpStateStats --metrics "$metrics" \
-    python3 "$here/attention_bench.py" --lib "$bin/libturbokv_cuda_bench.so" \
-    --cases "$NCU_CASE" --tq-shape "$NCU_SHAPE" > "$out/ncu.txt" 2>&1 || true
+    python3 bench/cuda/attention_bench.py --lib "$bin/libturbokv_cuda_bench.so" \
+    --cases "$NCU_CASE" > "$out/ncu.txt" 2>&1 || true
   grep -E "Duration|DRAM Throughput|Compute \(SM\)|Issue Slots|Achieved Active Warps|Registers|stalled|pipe_|mio_inst|inst_executed|cycles_active|cycles_elapsed" \
     "$out/ncu.txt" | head -40
 fi

@@ -24,21 +24,7 @@ enum class CacheKind { kTurboQuant, kDense };
 // stages (2 tiles in flight per warp), faster when each block has few tiles; kWide: 16 warps,
 // 2 stages, faster on long splits. kAuto picks kWide from 256 tiles per split on (measured on
 // an H200, see README).
-// Experimental shapes (timed against the two above): kMid: 14 warps, 3 stages. *Stealing:
-// each warp takes its first 2 (3 stages) or 1 (2 stages) tiles from its own split and the rest
-// from a pool shared by the blocks of a row group (one atomic per tile), so blocks on slower
-// SMs do fewer tiles; they also pad the block merge's shared rows (no bank conflicts), which
-// kWidePadded does alone.
-enum class TQBlockShape {
-  kAuto,
-  kDeep,
-  kWide,
-  kDeepStealing,
-  kWideStealing,
-  kMid,
-  kMidStealing,
-  kWidePadded
-};
+enum class TQBlockShape { kAuto, kDeep, kWide };
 
 struct AttentionProblem {
   const float* q = nullptr;

@@ -1,6 +1,5 @@
 // Planning of the split-K grid (one wave of blocks on the device) and the workspace:
-//   [counters, tile_counters: 2 * batch * kv_heads * row_groups ints, padded to 16 B]
-//   [part_acc][part_ml]
+//   [counters: batch * kv_heads * row_groups ints, padded to 16 B][part_acc][part_ml]
 #include <algorithm>
 
 #include "core/error.h"
@@ -13,7 +12,6 @@ namespace {
 
 struct SplitPlan {
   attn::AttentionArgs args;
-  size_t counters = 0;  // per array
   size_t counter_bytes = 0;
   size_t acc_floats = 0;
   size_t ml_pairs = 0;
@@ -59,8 +57,7 @@ SplitPlan plan(const AttentionProblem& p, CacheKind kind) {
   a.tiles_per_split = (max_tiles + splits - 1) / splits;
   a.splits = (max_tiles + a.tiles_per_split - 1) / a.tiles_per_split;
   const size_t partials = size_t(p.batch) * p.kv_heads * a.rows * a.splits;
-  plan.counters = size_t(p.batch) * p.kv_heads * a.row_groups;
-  plan.counter_bytes = (2 * plan.counters * sizeof(int) + 15) / 16 * 16;
+  plan.counter_bytes = (size_t(p.batch) * p.kv_heads * a.row_groups * sizeof(int) + 15) / 16 * 16;
   plan.acc_floats = partials * attn::kHeadDim;
   plan.ml_pairs = partials;
   a.out = p.out;
@@ -78,7 +75,6 @@ void bind_workspace(SplitPlan& plan, void* workspace, size_t bytes) {
   }
   char* base = static_cast<char*>(workspace);
   plan.args.counters = reinterpret_cast<int*>(base);
-  plan.args.tile_counters = plan.args.counters + plan.counters;
   plan.args.part_acc = reinterpret_cast<float*>(base + plan.counter_bytes);
   plan.args.part_ml = reinterpret_cast<float2*>(plan.args.part_acc + plan.acc_floats);
 }

@@ -101,12 +101,10 @@ __device__ __forceinline__ void finish_row_group(const AttentionArgs& a, const B
   __threadfence();  // this block's partials are visible before it is counted
   __syncthreads();
   if (threadIdx.x == 0) {
-    const size_t group = row_group_index(a, bc);
-    is_last = atomicAdd(&a.counters[group], 1) == n_splits - 1;
-    if (is_last) {  // every block of the group is done (stealing too): ready for the next call
-      a.counters[group] = 0;
-      a.tile_counters[group] = 0;
-    }
+    int* counter =
+        a.counters + (size_t(bc.b) * a.kv_heads + bc.kv_head) * a.row_groups + bc.row_group;
+    is_last = atomicAdd(counter, 1) == n_splits - 1;
+    if (is_last) *counter = 0;  // ready for the next call
   }
   __syncthreads();
   if (!is_last) return;

@@ -4,7 +4,7 @@
 //             each sequence (query i of sequence b sees tokens < seq_len[b] - n_q + i + 1)
 //   part_acc  [batch, kv_heads, rows, splits, 128] fp32   rows = n_q * (n_heads / kv_heads)
 //   part_ml   [batch, kv_heads, rows, splits] (max of log2-scores, sum of 2^(s - max))
-//   counters, tile_counters  [batch, kv_heads, row_groups] int
+//   counters  [batch, kv_heads, row_groups] int
 // A block serves one KV head's 8 query rows ("columns" of its tensor-core tiles) over one
 // split of the sequence, so one pass over a KV head's cache serves all its query heads.
 #pragma once
@@ -30,9 +30,6 @@ struct AttentionArgs {
   // [batch, kv_heads, row_groups]: blocks of a row group done so far; the last one merges
   // and puts the counter back to 0 (zero before the first call, reusable after).
   int* counters = nullptr;
-  // [batch, kv_heads, row_groups]: tiles taken from the row group's pool by stealing blocks
-  // (same life cycle as counters).
-  int* tile_counters = nullptr;
   int n_q = 0;
   int n_heads = 0;
   int kv_heads = 0;

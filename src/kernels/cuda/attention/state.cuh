@@ -70,11 +70,6 @@ __device__ __forceinline__ BlockCoords block_coords(const AttentionArgs& a, int 
   return bc;
 }
 
-// Index of this block's row group in the per-row-group counters.
-__device__ __forceinline__ size_t row_group_index(const AttentionArgs& a, const BlockCoords& bc) {
-  return (size_t(bc.b) * a.kv_heads + bc.kv_head) * a.row_groups + bc.row_group;
-}
-
 // Row `col` of this block's query rows: pointer into q (nullptr for padding columns).
 __device__ __forceinline__ const float* query_row(const AttentionArgs& a, const BlockCoords& bc,
                                                   int col) {
@@ -169,11 +164,9 @@ __device__ __forceinline__ void softmax_tile(WarpState& st, const float (&s)[2][
 }
 
 // Combines the block's warps and writes this split's partial (acc, m, l) for its rows.
-// scratch: >= kNumWarps * (kColumns * kStride + 3 * kColumns) floats of shared memory that
-// no warp reads once every warp has arrived here. kStride: floats per accumulator row;
-// kHeadDim + 4 puts the 4 column pairs of a warp's stores in different banks (kHeadDim: each
-// store is a 4-way bank conflict).
-template <int kNumWarps, int kStride = kHeadDim>
+// scratch: >= kNumWarps * (kColumns * kHeadDim + 3 * kColumns) floats of shared memory that
+// no warp reads once every warp has arrived here.
+template <int kNumWarps>
 __device__ __forceinline__ void write_block_partial(WarpState& st, float* scratch,
                                                     const AttentionArgs& a, const BlockCoords& bc,
                                                     int warp, int g, int c) {
@@ -183,16 +176,16 @@ __device__ __forceinline__ void write_block_partial(WarpState& st, float* scratc
     st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 8);
     st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 16);
   }
-  float* s_acc = scratch;                                 // [kNumWarps, kColumns, kStride]
-  float* s_m = scratch + kNumWarps * kColumns * kStride;  // [kNumWarps, kColumns]
-  float* s_l = s_m + kNumWarps * kColumns;                // [kNumWarps, kColumns]
-  float* s_w = s_l + kNumWarps * kColumns;                // [kNumWarps, kColumns] weights
+  float* s_acc = scratch;                                  // [kNumWarps, kColumns, kHeadDim]
+  float* s_m = scratch + kNumWarps * kColumns * kHeadDim;  // [kNumWarps, kColumns]
+  float* s_l = s_m + kNumWarps * kColumns;                 // [kNumWarps, kColumns]
+  float* s_w = s_l + kNumWarps * kColumns;                 // [kNumWarps, kColumns] weights
   __syncthreads();
 #pragma unroll
   for (int t = 0; t < 8; ++t) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      s_acc[(warp * kColumns + 2 * c + j % 2) * kStride + 16 * t + g + 8 * (j / 2)] = st.acc[t][j];
+      s_acc[(warp * kColumns + 2 * c + j % 2) * kHeadDim + 16 * t + g + 8 * (j / 2)] = st.acc[t][j];
     }
   }
   if (g == 0) {
@@ -221,7 +214,7 @@ __device__ __forceinline__ void write_block_partial(WarpState& st, float* scratc
     float acc = 0;
 #pragma unroll
     for (int w = 0; w < kNumWarps; ++w) {
-      acc += s_acc[(w * kColumns + col) * kStride + d] * s_w[w * kColumns + col];
+      acc += s_acc[(w * kColumns + col) * kHeadDim + d] * s_w[w * kColumns + col];
     }
     const size_t p = first + size_t(col) * a.splits;
     a.part_acc[p * kHeadDim + d] = acc;

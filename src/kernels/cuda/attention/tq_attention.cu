@@ -34,13 +34,12 @@ static_assert(L::kTileBytes % 16 == 0, "tiles are copied in 16-B chunks");
 // its tiles through kStages shared-memory stages (kStages - 1 tiles in flight).
 template <int kWarps, int kStages>
 struct TQShape {
-  static constexpr int kScratchStride = kHeadDim + 4;  // write_block_partial's padded rows
   static constexpr int kStageSlots = kWarps * kStages;
   // Stage slots fill the gap below the tables, the rest follow them; the worst gap costs
   // kTileBytes - 1 extra bytes.
   static constexpr int kSmemBytes = kTableBytes + (kStageSlots + 1) * L::kTileBytes;
   static_assert(kTableBytes + L::kTileBytes >=
-                    sizeof(float) * kWarps * (kColumns * kScratchStride + 3 * kColumns),
+                    sizeof(float) * kWarps * (kColumns * kHeadDim + 3 * kColumns),
                 "the block merge's scratch fits from the tables on");
 };
 
@@ -186,7 +185,7 @@ __device__ __forceinline__ void process_tile(const char* stage, int lane, int ti
   }
 }
 
-template <int kWarps, int kStages, bool kSteal, bool kPadScratch>
+template <int kWarps, int kStages>
 __global__ void __launch_bounds__(kWarps * 32, 1)
     tq_attention_kernel(const AttentionArgs a, const TQKernelCodec codec, const uint8_t* tiles,
                         int max_tiles) {
@@ -250,75 +249,39 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
 
   WarpState st;
   st.init();
-  // queue[i]: tile in stage[i] (kNoTile: none). Static: tiles first, first + kWarps, ... of
-  // this split. Stealing: after its kStages - 1 static tiles a warp takes further tiles from
-  // the row group's pool (every split's tiles past its first (kStages - 1) * kWarps), one
-  // atomic per tile, issued a tile ahead so its latency hides under the current tile.
-  constexpr int kAhead = kStages - 1;
-  constexpr int kNoTile = 1 << 30;
-  int queue[kAhead];
-#pragma unroll
-  for (int i = 0; i < kAhead; ++i) {
-    const int t = first + i * kWarps;
-    queue[i] = t < bc.tile_end ? t : kNoTile;
-  }
-  const int pool_per_split = a.tiles_per_split - kAhead * kWarps;
-  bool grabbing = kSteal && pool_per_split > 0 && queue[kAhead - 1] != kNoTile;
-  int* tile_counter = a.tile_counters + row_group_index(a, bc);
-  int grabbed = 0;  // lane 0: pool position returned by the atomic in flight
-  if (grabbing && lane == 0) grabbed = atomicAdd(tile_counter, 1);
-  while (queue[0] != kNoTile) {
+  for (int t = first; t < bc.tile_end; t += kWarps) {
     cp_async_wait<kStages - 2>();  // this tile's group is done; later ones may be in flight
     __syncwarp();
     const char* current = smem + (stage[0] - smem_base) - 16 * lane;
-    int ahead = kNoTile;
-    if (!kSteal) {
-      const int t = queue[kAhead - 1] + kWarps;
-      if (t < bc.tile_end) ahead = t;
-    } else if (grabbing) {
-      const int pos = __shfl_sync(0xffffffffu, grabbed, 0);
-      const int t =
-          pos / pool_per_split * a.tiles_per_split + kAhead * kWarps + pos % pool_per_split;
-      if (t < bc.n_tiles) {
-        ahead = t;
-        if (lane == 0) grabbed = atomicAdd(tile_counter, 1);
-      } else {
-        grabbing = false;  // the pool is empty: every later position is past the end too
-      }
-    }
-    if (ahead != kNoTile) {
+    const int ahead = t + (kStages - 1) * kWarps;
+    if (ahead < bc.tile_end) {
       stage_tile(stage[kStages - 1], seq_tiles + size_t(ahead) * L::kTileBytes, lane);
     }
     cp_async_commit();
-    process_tile(current, lane, queue[0] * kTileTokens, qf, lane_table, a.scale_log2, bc, g, st);
+    process_tile(current, lane, t * kTileTokens, qf, lane_table, a.scale_log2, bc, g, st);
     __syncwarp();  // every lane is done with this stage before it is refilled
     const uint32_t done = stage[0];
 #pragma unroll
     for (int i = 0; i + 1 < kStages; ++i) stage[i] = stage[i + 1];
     stage[kStages - 1] = done;
-#pragma unroll
-    for (int i = 0; i + 1 < kAhead; ++i) queue[i] = queue[i + 1];
-    queue[kAhead - 1] = ahead;
   }
   cp_async_wait<0>();
-  write_block_partial<kWarps, kPadScratch ? TQShape<kWarps, kStages>::kScratchStride : kHeadDim>(
-      st, reinterpret_cast<float*>(tables), a, bc, warp, g, c);
+  write_block_partial<kWarps>(st, reinterpret_cast<float*>(tables), a, bc, warp, g, c);
   finish_row_group<kWarps>(a, bc, warp, lane);
 }
 
-template <int kWarps, int kStages, bool kSteal, bool kPadScratch>
+template <int kWarps, int kStages>
 void launch_shape(const AttentionArgs& args, const TQKernelCodec& codec, const uint8_t* tiles,
                   int max_tiles, int batch, cudaStream_t stream) {
   constexpr int kSmem = TQShape<kWarps, kStages>::kSmemBytes;
   static const bool configured = [] {
-    TURBOKV_CUDA_CHECK(
-        cudaFuncSetAttribute(tq_attention_kernel<kWarps, kStages, kSteal, kPadScratch>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    TURBOKV_CUDA_CHECK(cudaFuncSetAttribute(tq_attention_kernel<kWarps, kStages>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     return true;
   }();
   (void)configured;
   const dim3 grid(args.splits, args.kv_heads * args.row_groups, batch);
-  tq_attention_kernel<kWarps, kStages, kSteal, kPadScratch>
+  tq_attention_kernel<kWarps, kStages>
       <<<grid, kWarps * 32, kSmem, stream>>>(args, codec, tiles, max_tiles);
 }
 
@@ -327,21 +290,10 @@ void launch_shape(const AttentionArgs& args, const TQKernelCodec& codec, const u
 void launch_tq_attention(const AttentionArgs& args, const TQKernelCodec& codec,
                          const uint8_t* tiles, int max_tiles, int batch, TQBlockShape shape,
                          cudaStream_t stream) {
-  switch (shape) {
-    case TQBlockShape::kWide:
-      return launch_shape<16, 2, false, false>(args, codec, tiles, max_tiles, batch, stream);
-    case TQBlockShape::kDeepStealing:
-      return launch_shape<12, 3, true, true>(args, codec, tiles, max_tiles, batch, stream);
-    case TQBlockShape::kWideStealing:
-      return launch_shape<16, 2, true, true>(args, codec, tiles, max_tiles, batch, stream);
-    case TQBlockShape::kMid:
-      return launch_shape<14, 3, false, false>(args, codec, tiles, max_tiles, batch, stream);
-    case TQBlockShape::kMidStealing:
-      return launch_shape<14, 3, true, true>(args, codec, tiles, max_tiles, batch, stream);
-    case TQBlockShape::kWidePadded:
-      return launch_shape<16, 2, false, true>(args, codec, tiles, max_tiles, batch, stream);
-    default:
-      return launch_shape<12, 3, false, false>(args, codec, tiles, max_tiles, batch, stream);
+  if (shape == TQBlockShape::kWide) {
+    launch_shape<16, 2>(args, codec, tiles, max_tiles, batch, stream);
+  } else {
+    launch_shape<12, 3>(args, codec, tiles, max_tiles, batch, stream);
   }
 }
 
