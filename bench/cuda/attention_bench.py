@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Decode attention on an H200: TurboQuant 3.5 (ours) vs our dense fp16 kernel vs PyTorch SDPA.
+
+One process: PyTorch owns the data, our kernels run from libturbokv_cuda_bench.so (ctypes).
+Shape: 32 query / 8 KV heads, d = 128, one decode query per sequence, fp16 K/V for the dense
+kernels. Every method is timed the same way: CUDA-graph replays of `calls` back-to-back calls
+that cycle over enough copies of the cache that it is read from HBM (>= 256 MB touched per
+cycle), median of `reps` replays. Also measures device-to-device copy bandwidth (read + write
+bytes) in the same run. Bytes read: TurboQuant 116 B per token per KV head, fp16 512 B.
+
+usage: attention_bench.py --lib build/bench/cuda/libturbokv_cuda_bench.so [--cases 1:4096,16:32768]
+"""
+import argparse
+import ctypes
+import datetime
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+
+N_HEADS, KV_HEADS, D = 32, 8, 128
+TQ_BYTES_PER_TOKEN_HEAD = 116
+F16_BYTES_PER_TOKEN_HEAD = 2 * 2 * D
+MIN_TOUCHED = 256 << 20
+CALLS, REPS = 20, 15
+
+
+def load_lib(path):
+    lib = ctypes.CDLL(path)
+    P, I, S, F32, U64, D64 = (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_float,
+                              ctypes.c_uint64, ctypes.c_double)
+    lib.tkv_last_error.restype = ctypes.c_char_p
+    lib.tkv_tq_tile_bytes.restype = I
+    lib.tkv_tq_quantize.restype = D64
+    lib.tkv_tq_quantize.argtypes = [P, P, P, P, I, I, I, I, U64]
+    lib.tkv_time_tq_attention.restype = D64
+    lib.tkv_time_tq_attention.argtypes = [P, I, I, S, P, I, P, I, I, I, F32, P, U64, I, I, I]
+    lib.tkv_time_dense_attention.restype = D64
+    lib.tkv_time_dense_attention.argtypes = [P, P, I, I, S, P, I, P, I, I, I, F32, P, I, I]
+    return lib
+
+
+def check(lib, value, what):
+    if value < 0:
+        sys.exit(f"{what} failed: {lib.tkv_last_error().decode()}")
+    return value
+
+
+def time_graph(fn, calls=CALLS, reps=REPS):
+    """Median µs per call of `fn(i)` captured `calls` times in a CUDA graph."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn(0)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for i in range(calls):
+                fn(i)
+        graph.replay()
+        times = []
+        for _ in range(reps):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop))
+    times.sort()
+    return 1000.0 * times[len(times) // 2] / calls
+
+
+def copy_bandwidth():
+    """Device-to-device copy of 4 GiB (cudaMemcpyAsync through torch), read + write bytes."""
+    n = 4 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    for _ in range(2):
+        dst.copy_(src)
+    times = []
+    for _ in range(10):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    times.sort()
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * n / (times[len(times) // 2] * 1e-3) / 1e9
+
+
+def run_case(lib, batch, ctx, tq_shape, seed=0):
+    torch.manual_seed(seed)
+    dev = "cuda"
+    scale = 1.0 / math.sqrt(D)
+    tile_bytes = lib.tkv_tq_tile_bytes()
+    max_tiles = (ctx + 31) // 32
+    tq_copy = batch * KV_HEADS * max_tiles * tile_bytes
+    f16_copy = batch * KV_HEADS * ctx * D * 2 * 2
+    tq_copies = max(1, -(-MIN_TOUCHED // tq_copy))
+    f16_copies = max(1, -(-MIN_TOUCHED // f16_copy))
+
+    k = torch.randn(f16_copies, batch, KV_HEADS, ctx, D, device=dev, dtype=torch.float16)
+    v = torch.randn(f16_copies, batch, KV_HEADS, ctx, D, device=dev, dtype=torch.float16)
+    q = torch.randn(batch, N_HEADS, 1, D, device=dev, dtype=torch.float16)
+    q32 = q.float().contiguous()  # [batch, 1 (n_q), n_heads, D] in memory order
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
+
+    tiles = torch.zeros(tq_copies * tq_copy, dtype=torch.uint8, device=dev)
+    zero = torch.zeros(1, dtype=torch.int32, device=dev)
+    per_seq = KV_HEADS * max_tiles * tile_bytes
+    for b in range(batch):  # quantize sequence by sequence: fp32 [1, ctx, kv_heads, D]
+        kb = k[0, b].transpose(0, 1).float().contiguous()
+        vb = v[0, b].transpose(0, 1).float().contiguous()
+        check(lib, lib.tkv_tq_quantize(kb.data_ptr(), vb.data_ptr(), zero.data_ptr(),
+                                       tiles.data_ptr() + b * per_seq, 1, ctx, KV_HEADS,
+                                       max_tiles, seed), "quantize")
+        del kb, vb
+    for c in range(1, tq_copies):
+        tiles[c * tq_copy:(c + 1) * tq_copy].copy_(tiles[:tq_copy])
+    for c in range(1, f16_copies):
+        k[c].copy_(k[0])
+        v[c].copy_(v[0])
+
+    out_tq = torch.empty(batch, 1, N_HEADS, D, device=dev)
+    out_dense = torch.empty_like(out_tq)
+    tq_us = check(lib, lib.tkv_time_tq_attention(
+        tiles.data_ptr(), max_tiles, tq_copies, tq_copy, lens.data_ptr(), ctx, q32.data_ptr(),
+        batch, N_HEADS, KV_HEADS, scale, out_tq.data_ptr(), seed, tq_shape, CALLS, REPS),
+        "tq attention")
+    dense_us = check(lib, lib.tkv_time_dense_attention(
+        k.data_ptr(), v.data_ptr(), ctx, f16_copies, batch * KV_HEADS * ctx * D, lens.data_ptr(),
+        ctx, q32.data_ptr(), batch, N_HEADS, KV_HEADS, scale, out_dense.data_ptr(), CALLS, REPS),
+        "dense attention")
+    sdpa_out = [None]
+
+    def sdpa(i):
+        sdpa_out[0] = F.scaled_dot_product_attention(q, k[i % f16_copies], v[i % f16_copies],
+                                                     enable_gqa=True)
+    sdpa_us = time_graph(sdpa)
+
+    # Sanity in the same run: our dense kernel equals SDPA up to fp16; TurboQuant is close.
+    ref = F.scaled_dot_product_attention(q, k[0], v[0], enable_gqa=True).float()  # [b, h, 1, d]
+    ref = ref.transpose(1, 2)
+    dense_err = ((out_dense - ref).norm() / ref.norm()).item()
+    tq_cos = F.cosine_similarity(out_tq.flatten(1), ref.flatten(1)).min().item()
+    del k, v, tiles
+    torch.cuda.empty_cache()
+    tokens = batch * KV_HEADS * ctx
+    return dict(batch=batch, ctx=ctx, sdpa_us=sdpa_us, dense_us=dense_us, tq_us=tq_us,
+                tq_gbps=tokens * TQ_BYTES_PER_TOKEN_HEAD / (tq_us * 1e3),
+                sdpa_gbps=tokens * F16_BYTES_PER_TOKEN_HEAD / (sdpa_us * 1e3),
+                dense_gbps=tokens * F16_BYTES_PER_TOKEN_HEAD / (dense_us * 1e3),
+                dense_rel_err=dense_err, tq_min_cos=tq_cos)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lib", required=True)
+    parser.add_argument("--cases", help="comma-separated batch:context list (default: all)")
+    parser.add_argument("--tq-shape", choices=["auto", "deep", "wide"], default="auto",
+                        help="TurboQuant block shape (default: the library's choice)")
+    args = parser.parse_args()
+    lib = load_lib(args.lib)
+    props = torch.cuda.get_device_properties(0)
+    cases = [(1, 4096), (1, 32768), (1, 131072), (1, 524288), (16, 4096), (16, 32768),
+             (16, 131072)]
+    if args.cases:
+        cases = [tuple(int(x) for x in c.split(":")) for c in args.cases.split(",")]
+    print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {props.name}, {props.multi_processor_count} SMs, "
+          f"torch {torch.__version__}, CUDA {torch.version.cuda}")
+    print(f"# decode attention, {N_HEADS} query / {KV_HEADS} KV heads, d={D}, fp16 SDPA "
+          f"(enable_gqa=True) vs ours (block shape {args.tq_shape}); CUDA-graph timing, median "
+          f"of {REPS} x {CALLS} calls")
+    bw = copy_bandwidth()
+    print(f"# device-to-device copy bandwidth (read+write): {bw:.0f} GB/s")
+    header = (f"{'batch':>5} {'context':>8} {'sdpa_us':>9} {'dense_us':>9} {'tq35_us':>9} "
+              f"{'tq/sdpa':>8} {'tq/dense':>8} {'sdpa_GB/s':>9} {'tq_GB/s':>8} {'tq_%copy':>8} "
+              f"{'dense_err':>9} {'tq_cos':>7}")
+    print(header)
+    for batch, ctx in cases:
+        r = run_case(lib, batch, ctx, ["auto", "deep", "wide"].index(args.tq_shape))
+        print(f"{r['batch']:>5} {r['ctx']:>8} {r['sdpa_us']:>9.1f} {r['dense_us']:>9.1f} "
+              f"{r['tq_us']:>9.1f} {r['sdpa_us'] / r['tq_us']:>7.2f}x "
+              f"{r['dense_us'] / r['tq_us']:>7.2f}x {r['sdpa_gbps']:>9.0f} {r['tq_gbps']:>8.0f} "
+              f"{100 * r['tq_gbps'] / bw:>7.0f}% {r['dense_rel_err']:>9.1e} {r['tq_min_cos']:>7.4f}",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

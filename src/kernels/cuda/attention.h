@@ -1,0 +1,67 @@
+// Public entry points of the CUDA attention kernels (decode = n_q 1; prefill over a cached
+// past = n_q > 1, queries at the last n_q positions, causal). All pointers are device
+// pointers; work is queued on `stream` and nothing synchronizes.
+//
+//   q, out     [batch, n_q, n_heads, 128] fp32
+//   seq_lens   [batch] int: tokens in each sequence's cache (the queries' own included)
+//   TurboQuant cache tiles [batch, kv_heads, max_tiles, 3712 B] (tq_layout.h)
+//   dense cache k, v       [batch, kv_heads, capacity, 128] fp16
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/tq_codec.h"
+
+namespace turbokv::cuda {
+
+enum class CacheKind { kTurboQuant, kDense };
+
+// Block shape of the TurboQuant kernel (one block per SM either way). kDeep: 12 warps, 3
+// stages (2 tiles in flight per warp), faster when each block has few tiles; kWide: 16 warps,
+// 2 stages, faster on long splits. kAuto picks kWide from 256 tiles per split on (measured on
+// an H200, see README).
+enum class TQBlockShape { kAuto, kDeep, kWide };
+
+struct AttentionProblem {
+  const float* q = nullptr;
+  const int* seq_lens = nullptr;
+  float* out = nullptr;
+  int batch = 0;
+  int n_q = 1;
+  int n_heads = 0;
+  int kv_heads = 0;
+  int max_len = 0;  // host-side max of seq_lens (sizes the split grid); every len >= n_q
+  float scale = 0;  // score = scale * <q, k>
+  TQBlockShape tq_shape = TQBlockShape::kAuto;
+};
+
+struct TQCacheView {
+  const uint8_t* tiles = nullptr;
+  int max_tiles = 0;  // capacity in tiles of 32 tokens
+};
+
+struct DenseCacheView {
+  const __half* k = nullptr;
+  const __half* v = nullptr;
+  int capacity = 0;  // tokens per (sequence, kv head)
+};
+
+// Bytes of scratch the attention call needs for this problem (split partials and per-row-group
+// counters). The workspace must be zero-filled before its first use (cudaMemset); every call
+// leaves it ready for the next one, so it can be allocated once and reused (and captured in a
+// CUDA graph). Calls sharing a workspace must not run concurrently.
+size_t attention_workspace_bytes(const AttentionProblem& problem, CacheKind kind);
+
+// Throw InvalidArgument for shapes they do not support (naming the value and what is
+// allowed) or a workspace smaller than attention_workspace_bytes().
+void tq_attention(const TQKernelCodec& codec, const TQCacheView& cache,
+                  const AttentionProblem& problem, void* workspace, size_t workspace_bytes,
+                  cudaStream_t stream);
+void dense_attention(const DenseCacheView& cache, const AttentionProblem& problem, void* workspace,
+                     size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace turbokv::cuda

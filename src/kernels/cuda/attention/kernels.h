@@ -1,0 +1,27 @@
+// Launchers of the attention kernels (one translation unit each); the public entry points
+// that plan the split grid are in attention.h. Each launch also merges its splits.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention/params.h"
+#include "kernels/cuda/tq_codec.h"
+
+namespace turbokv::cuda::attn {
+
+// grid (splits, kv_heads * row_groups, batch); tiles [batch, kv_heads, max_tiles, 3712 B].
+// One block per SM whatever the shape.
+void launch_tq_attention(const AttentionArgs& args, const TQKernelCodec& codec,
+                         const uint8_t* tiles, int max_tiles, int batch, TQBlockShape shape,
+                         cudaStream_t stream);
+
+// k, v [batch, kv_heads, capacity, 128] fp16.
+void launch_dense_attention(const AttentionArgs& args, const __half* k, const __half* v,
+                            int capacity, int batch, cudaStream_t stream);
+int dense_attention_blocks_per_sm();
+
+}  // namespace turbokv::cuda::attn

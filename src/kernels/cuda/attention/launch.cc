@@ -1,0 +1,122 @@
+// Planning of the split-K grid (one wave of blocks on the device) and the workspace:
+//   [counters: batch * kv_heads * row_groups ints, padded to 16 B][part_acc][part_ml]
+#include <algorithm>
+
+#include "core/error.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention/kernels.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace turbokv::cuda {
+namespace {
+
+struct SplitPlan {
+  attn::AttentionArgs args;
+  size_t counter_bytes = 0;
+  size_t acc_floats = 0;
+  size_t ml_pairs = 0;
+};
+
+void validate(const AttentionProblem& p) {
+  if (p.batch < 1 || p.n_q < 1 || p.kv_heads < 1 || p.n_heads < p.kv_heads ||
+      p.n_heads % p.kv_heads != 0) {
+    throw InvalidArgument(str_cat("CUDA attention: batch ", p.batch, ", n_q ", p.n_q, ", n_heads ",
+                                  p.n_heads, ", kv_heads ", p.kv_heads,
+                                  ": need batch, n_q >= 1 and n_heads a positive multiple of "
+                                  "kv_heads"));
+  }
+  if (p.max_len < p.n_q) {
+    throw InvalidArgument(
+        str_cat("CUDA attention: max_len ", p.max_len, " is shorter than the ", p.n_q, " queries"));
+  }
+  if (!(p.scale > 0)) {
+    throw InvalidArgument(str_cat("CUDA attention: scale ", p.scale, " must be > 0"));
+  }
+}
+
+SplitPlan plan(const AttentionProblem& p, CacheKind kind) {
+  validate(p);
+  static const int sms = sm_count();
+  static const int dense_blocks = attn::dense_attention_blocks_per_sm();
+  SplitPlan plan;
+  attn::AttentionArgs& a = plan.args;
+  a.q = p.q;
+  a.seq_lens = p.seq_lens;
+  a.n_q = p.n_q;
+  a.n_heads = p.n_heads;
+  a.kv_heads = p.kv_heads;
+  a.group = p.n_heads / p.kv_heads;
+  a.rows = p.n_q * a.group;
+  a.row_groups = (a.rows + attn::kColumns - 1) / attn::kColumns;
+  a.scale_log2 = p.scale * 1.4426950408889634f;
+  // As many splits as fill one wave of resident blocks (never more than one per tile).
+  const int max_tiles = (p.max_len + attn::kTileTokens - 1) / attn::kTileTokens;
+  const int slots = sms * (kind == CacheKind::kTurboQuant ? 1 : dense_blocks);
+  const int base = p.batch * p.kv_heads * a.row_groups;
+  const int splits = std::clamp(slots / base, 1, std::min(max_tiles, attn::kMaxSplits));
+  a.tiles_per_split = (max_tiles + splits - 1) / splits;
+  a.splits = (max_tiles + a.tiles_per_split - 1) / a.tiles_per_split;
+  const size_t partials = size_t(p.batch) * p.kv_heads * a.rows * a.splits;
+  plan.counter_bytes = (size_t(p.batch) * p.kv_heads * a.row_groups * sizeof(int) + 15) / 16 * 16;
+  plan.acc_floats = partials * attn::kHeadDim;
+  plan.ml_pairs = partials;
+  a.out = p.out;
+  return plan;
+}
+
+size_t workspace_bytes(const SplitPlan& plan) {
+  return plan.counter_bytes + plan.acc_floats * sizeof(float) + plan.ml_pairs * sizeof(float2);
+}
+
+void bind_workspace(SplitPlan& plan, void* workspace, size_t bytes) {
+  if (workspace == nullptr || bytes < workspace_bytes(plan)) {
+    throw InvalidArgument(str_cat("CUDA attention: workspace of ", bytes, " B, need ",
+                                  workspace_bytes(plan), " B (attention_workspace_bytes)"));
+  }
+  char* base = static_cast<char*>(workspace);
+  plan.args.counters = reinterpret_cast<int*>(base);
+  plan.args.part_acc = reinterpret_cast<float*>(base + plan.counter_bytes);
+  plan.args.part_ml = reinterpret_cast<float2*>(plan.args.part_acc + plan.acc_floats);
+}
+
+}  // namespace
+
+size_t attention_workspace_bytes(const AttentionProblem& problem, CacheKind kind) {
+  return workspace_bytes(plan(problem, kind));
+}
+
+void tq_attention(const TQKernelCodec& codec, const TQCacheView& cache,
+                  const AttentionProblem& problem, void* workspace, size_t workspace_bytes,
+                  cudaStream_t stream) {
+  SplitPlan p = plan(problem, CacheKind::kTurboQuant);
+  if (cache.max_tiles * attn::kTileTokens < problem.max_len) {
+    throw InvalidArgument(str_cat("CUDA attention: max_len ", problem.max_len,
+                                  " exceeds the cache capacity of ", cache.max_tiles, " tiles"));
+  }
+  bind_workspace(p, workspace, workspace_bytes);
+  TQBlockShape shape = problem.tq_shape;
+  if (shape == TQBlockShape::kAuto) {
+    shape = p.args.tiles_per_split >= 256 ? TQBlockShape::kWide : TQBlockShape::kDeep;
+  }
+  p.args.unrotate = 1;
+  p.args.hadamard_scale = codec.hadamard_scale;
+  std::copy(std::begin(codec.value_sign_flips), std::end(codec.value_sign_flips),
+            p.args.value_sign_flips);
+  attn::launch_tq_attention(p.args, codec, cache.tiles, cache.max_tiles, problem.batch, shape,
+                            stream);
+  TURBOKV_CUDA_CHECK_LAUNCH();
+}
+
+void dense_attention(const DenseCacheView& cache, const AttentionProblem& problem, void* workspace,
+                     size_t workspace_bytes, cudaStream_t stream) {
+  SplitPlan p = plan(problem, CacheKind::kDense);
+  if (cache.capacity < problem.max_len) {
+    throw InvalidArgument(str_cat("CUDA attention: max_len ", problem.max_len,
+                                  " exceeds the dense cache capacity ", cache.capacity));
+  }
+  bind_workspace(p, workspace, workspace_bytes);
+  attn::launch_dense_attention(p.args, cache.k, cache.v, cache.capacity, problem.batch, stream);
+  TURBOKV_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace turbokv::cuda

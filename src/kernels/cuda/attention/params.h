@@ -1,0 +1,48 @@
+// Kernel arguments of the decode / prefill attention kernels and their merge step (host and
+// device). Shapes (row-major):
+//   q, out    [batch, n_q, n_heads, 128] fp32; the n_q queries are the last n_q positions of
+//             each sequence (query i of sequence b sees tokens < seq_len[b] - n_q + i + 1)
+//   part_acc  [batch, kv_heads, rows, splits, 128] fp32   rows = n_q * (n_heads / kv_heads)
+//   part_ml   [batch, kv_heads, rows, splits] (max of log2-scores, sum of 2^(s - max))
+//   counters  [batch, kv_heads, row_groups] int
+// A block serves one KV head's 8 query rows ("columns" of its tensor-core tiles) over one
+// split of the sequence, so one pass over a KV head's cache serves all its query heads.
+#pragma once
+
+#include <vector_types.h>
+
+#include <cstdint>
+
+namespace turbokv::cuda::attn {
+
+constexpr int kHeadDim = 128;
+constexpr int kTileTokens = 32;
+constexpr int kColumns = 8;  // query rows per block: the N of the m16n8k16 MMA
+constexpr int kWarps = 4;    // dense kernel: warps per block; warp w takes tiles w, w + 4, ...
+constexpr int kMaxSplits = 128;
+
+struct AttentionArgs {
+  const float* q = nullptr;
+  const int* seq_lens = nullptr;  // [batch], device
+  float* out = nullptr;
+  float* part_acc = nullptr;
+  float2* part_ml = nullptr;
+  // [batch, kv_heads, row_groups]: blocks of a row group done so far; the last one merges
+  // and puts the counter back to 0 (zero before the first call, reusable after).
+  int* counters = nullptr;
+  int n_q = 0;
+  int n_heads = 0;
+  int kv_heads = 0;
+  int group = 0;         // n_heads / kv_heads
+  int rows = 0;          // n_q * group
+  int row_groups = 0;    // ceil(rows / kColumns)
+  float scale_log2 = 0;  // attention scale * log2(e)
+  int tiles_per_split = 0;
+  int splits = 0;
+  // TurboQuant: out = R_v^T acc (Hadamard butterflies, * scale, sign flips); dense: identity.
+  int unrotate = 0;
+  float hadamard_scale = 1;
+  uint32_t value_sign_flips[4] = {0, 0, 0, 0};
+};
+
+}  // namespace turbokv::cuda::attn

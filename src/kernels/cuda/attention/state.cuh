@@ -1,0 +1,273 @@
+// Building blocks shared by the attention kernels (flashinfer-style "from parts"):
+// tensor-core wrappers, the online-softmax state {m, l, acc} of one warp over a 32-token tile,
+// and the block-level merge that writes one split's partial result.
+//
+// Fragment conventions (PTX m16n8k16, g = lane / 4, c = lane % 4):
+//  score MMA  S[token, column] = K[token, dim] · Q^T[dim, column]   (A = keys, B = queries)
+//  value MMA  O^T[dim, column] += V^T[dim, token] · P^T[token, column]  (A = values, B = probs)
+// A thread owns columns 2c, 2c+1 of every score tile (tokens g, g + 8) and of O^T
+// (dims 16*mt + g, 16*mt + g + 8).
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/attention/params.h"
+
+namespace turbokv::cuda::attn {
+
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                          uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Transposes an 8x8 f16 matrix held in fragment layout (row g, cols 2c, 2c+1).
+__device__ __forceinline__ uint32_t transpose_8x8(uint32_t x) {
+  uint32_t y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Block coordinates and the token limits of the two columns this thread owns.
+struct BlockCoords {
+  int b, kv_head, row_group, split;
+  int n_tiles;               // tiles of the sequence
+  int tile_begin, tile_end;  // tiles of this split that hold tokens
+  int limit[2];              // column 2c + i sees tokens < limit[i] (0: padding column)
+  int unmasked_end;          // tokens below this are visible to every row of the group
+};
+
+__device__ __forceinline__ BlockCoords block_coords(const AttentionArgs& a, int c) {
+  BlockCoords bc;
+  bc.split = blockIdx.x;
+  bc.kv_head = blockIdx.y / a.row_groups;
+  bc.row_group = blockIdx.y % a.row_groups;
+  bc.b = blockIdx.z;
+  const int len = a.seq_lens[bc.b];
+  bc.n_tiles = (len + kTileTokens - 1) / kTileTokens;
+  bc.tile_begin = bc.split * a.tiles_per_split;
+  bc.tile_end = min(bc.tile_begin + a.tiles_per_split, bc.n_tiles);
+  bc.unmasked_end = len - a.n_q + bc.row_group * kColumns / a.group + 1;
+  for (int i = 0; i < 2; ++i) {
+    const int row = bc.row_group * kColumns + 2 * c + i;
+    bc.limit[i] = row < a.rows ? len - a.n_q + row / a.group + 1 : 0;
+  }
+  return bc;
+}
+
+// Row `col` of this block's query rows: pointer into q (nullptr for padding columns).
+__device__ __forceinline__ const float* query_row(const AttentionArgs& a, const BlockCoords& bc,
+                                                  int col) {
+  const int row = bc.row_group * kColumns + col;
+  if (row >= a.rows) return nullptr;
+  const int qi = row / a.group;
+  const int head = bc.kv_head * a.group + row % a.group;
+  return a.q + ((size_t(bc.b) * a.n_q + qi) * a.n_heads + head) * kHeadDim;
+}
+
+struct WarpState {
+  float m[2];       // running max of log2-scores, columns 2c, 2c+1
+  float l[2];       // running sum of 2^(s - m) over this thread's tokens
+  float acc[8][4];  // O^T fragments, one per 16-dim tile
+
+  __device__ __forceinline__ void init() {
+    for (int i = 0; i < 2; ++i) {
+      m[i] = -INFINITY;
+      l[i] = 0;
+    }
+    for (int t = 0; t < 8; ++t)
+      for (int j = 0; j < 4; ++j) acc[t][j] = 0;
+  }
+};
+
+// True when some token of the tile at tile_token0 is hidden from some row (the last tile, or
+// causal prefill): then softmax_tile<true> masks per token.
+__device__ __forceinline__ bool tile_needs_mask(const BlockCoords& bc, int tile_token0) {
+  return tile_token0 + kTileTokens > bc.unmasked_end;
+}
+
+// One 32-token tile: raw scores s[m-tile][frag] (token 16*mt + g + 8*(frag/2), column
+// 2c + frag%2), per-slot multipliers (slot = 2*mt + frag/2) for the scores (key norm * scale
+// * log2 e) and for the probabilities (value norm). Updates the state and returns the
+// probability tiles as B operands of the value MMA: pb[mt] = P^T rows 16*mt .. 16*mt + 15.
+// kMask = false: every token of the tile is visible to every real row (padding rows then
+// score 0 against finite norms, harmless and never written out).
+template <bool kMask>
+__device__ __forceinline__ void softmax_tile(WarpState& st, const float (&s)[2][4],
+                                             const float (&kmul)[4], const float (&vmul)[4],
+                                             int tile_token0, const int (&limit)[2], int g,
+                                             uint32_t (&pb)[2][2]) {
+  float x[2][4];
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int slot = 2 * mt + j / 2;
+      const int token = tile_token0 + 16 * mt + g + 8 * (j / 2);
+      x[mt][j] = !kMask || token < limit[j % 2] ? s[mt][j] * kmul[slot] : -INFINITY;
+      tile_max[j % 2] = fmaxf(tile_max[j % 2], x[mt][j]);
+    }
+  }
+  float m_use[2], alpha[2];
+  bool grew = false;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 4));
+    tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 8));
+    tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 16));
+    const float m_new = fmaxf(st.m[i], tile_max[i]);
+    m_use[i] = m_new == -INFINITY ? 0.0f : m_new;  // no token seen yet: keep 2^(-inf) = 0
+    alpha[i] = fast_exp2(st.m[i] - m_use[i]);
+    grew |= m_new != st.m[i];
+    st.m[i] = m_new;
+    st.l[i] *= alpha[i];
+  }
+  if (__any_sync(0xffffffffu, grew)) {  // alpha == 1 exactly for every column otherwise
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      st.acc[t][0] *= alpha[0];
+      st.acc[t][2] *= alpha[0];
+      st.acc[t][1] *= alpha[1];
+      st.acc[t][3] *= alpha[1];
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+    float pv[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int slot = 2 * mt + j / 2;
+      const int token = tile_token0 + 16 * mt + g + 8 * (j / 2);
+      const float p = fast_exp2(x[mt][j] - m_use[j % 2]);
+      st.l[j % 2] += p;
+      pv[j] = !kMask || token < limit[j % 2] ? p * vmul[slot] : 0.0f;  // hidden norms: garbage
+    }
+    pb[mt][0] = transpose_8x8(half2_bits(pv[0], pv[1]));
+    pb[mt][1] = transpose_8x8(half2_bits(pv[2], pv[3]));
+  }
+}
+
+// Combines the block's warps and writes this split's partial (acc, m, l) for its rows.
+// scratch: >= kNumWarps * (kColumns * kHeadDim + 3 * kColumns) floats of shared memory that
+// no warp reads once every warp has arrived here.
+template <int kNumWarps>
+__device__ __forceinline__ void write_block_partial(WarpState& st, float* scratch,
+                                                    const AttentionArgs& a, const BlockCoords& bc,
+                                                    int warp, int g, int c) {
+  static_assert(kNumWarps * kColumns <= kNumWarps * 32, "one thread per (warp, column)");
+  for (int i = 0; i < 2; ++i) {
+    st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 4);
+    st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 8);
+    st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 16);
+  }
+  float* s_acc = scratch;                                  // [kNumWarps, kColumns, kHeadDim]
+  float* s_m = scratch + kNumWarps * kColumns * kHeadDim;  // [kNumWarps, kColumns]
+  float* s_l = s_m + kNumWarps * kColumns;                 // [kNumWarps, kColumns]
+  float* s_w = s_l + kNumWarps * kColumns;                 // [kNumWarps, kColumns] weights
+  __syncthreads();
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      s_acc[(warp * kColumns + 2 * c + j % 2) * kHeadDim + 16 * t + g + 8 * (j / 2)] = st.acc[t][j];
+    }
+  }
+  if (g == 0) {
+    for (int i = 0; i < 2; ++i) {
+      s_m[warp * kColumns + 2 * c + i] = st.m[i];
+      s_l[warp * kColumns + 2 * c + i] = st.l[i];
+    }
+  }
+  __syncthreads();
+  // Weight of warp w in column col: 2^(m_w - max_w m_w) (0 when the column saw no token).
+  if (threadIdx.x < kNumWarps * kColumns) {
+    const int col = threadIdx.x % kColumns;
+    float m = -INFINITY;
+    for (int w = 0; w < kNumWarps; ++w) m = fmaxf(m, s_m[w * kColumns + col]);
+    const float mine = s_m[threadIdx.x];
+    s_w[threadIdx.x] = m == -INFINITY ? 0.0f : fast_exp2(mine - m);
+  }
+  __syncthreads();
+  const size_t first =
+      ((size_t(bc.b) * a.kv_heads + bc.kv_head) * a.rows + bc.row_group * kColumns) * a.splits +
+      bc.split;
+  for (int idx = threadIdx.x; idx < kColumns * kHeadDim; idx += blockDim.x) {
+    const int col = idx / kHeadDim;
+    const int d = idx % kHeadDim;
+    if (bc.row_group * kColumns + col >= a.rows) continue;
+    float acc = 0;
+#pragma unroll
+    for (int w = 0; w < kNumWarps; ++w) {
+      acc += s_acc[(w * kColumns + col) * kHeadDim + d] * s_w[w * kColumns + col];
+    }
+    const size_t p = first + size_t(col) * a.splits;
+    a.part_acc[p * kHeadDim + d] = acc;
+    if (d == 0) {
+      float m = -INFINITY, l = 0;
+      for (int w = 0; w < kNumWarps; ++w) {
+        m = fmaxf(m, s_m[w * kColumns + col]);
+        l += s_l[w * kColumns + col] * s_w[w * kColumns + col];
+      }
+      a.part_ml[p] = make_float2(m, l);
+    }
+  }
+}
+
+// Rotated query rows for the score MMA: warp w < kColumns loads row w of the block (zeros for
+// padding rows), applies R = H diag(s) * scale with butterflies across lanes (lane l holds
+// dims 4l .. 4l+3; h = 1, 2 in the lane, h >= 4 by shuffles) and stores it to q_rot[w].
+// No rotation (dense): rotate = false, scale = 1.
+__device__ __forceinline__ void load_query_row(const AttentionArgs& a, const BlockCoords& bc,
+                                               int warp, int lane, bool rotate, uint4 flips,
+                                               float scale, float (*q_rot)[kHeadDim]) {
+  if (warp >= kColumns) return;
+  const float* q = query_row(a, bc, warp);
+  float4 x4 = q != nullptr ? reinterpret_cast<const float4*>(q)[lane] : make_float4(0, 0, 0, 0);
+  float o[4] = {x4.x, x4.y, x4.z, x4.w};
+  if (rotate) {
+    const uint32_t word = lane < 8 ? flips.x : lane < 16 ? flips.y : lane < 24 ? flips.z : flips.w;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if ((word >> ((4 * lane + j) % 32)) & 1u) o[j] = -o[j];
+    }
+#pragma unroll
+    for (int h = 1; h <= 2; h *= 2) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (j & h) continue;
+        const float u = o[j], v = o[j + h];
+        o[j] = u + v;
+        o[j + h] = u - v;
+      }
+    }
+#pragma unroll
+    for (int h = 4; h < kHeadDim; h *= 2) {
+      const bool upper = lane & (h / 4);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float other = __shfl_xor_sync(0xffffffffu, o[j], h / 4);
+        o[j] = upper ? other - o[j] : o[j] + other;
+      }
+    }
+  }
+  reinterpret_cast<float4*>(q_rot[warp])[lane] =
+      make_float4(o[0] * scale, o[1] * scale, o[2] * scale, o[3] * scale);
+}
+
+}  // namespace turbokv::cuda::attn

@@ -1,0 +1,159 @@
+// Quantize kernel: one warp per (token, kv head, role) vector of 128 floats; lane l holds
+// elements 4l .. 4l+3. Every float operation is an explicit round-to-nearest intrinsic in the
+// order documented in quant/codec_mse.h (and this file is built with -fmad=false), so codes
+// and fp16 norms equal the CPU reference bit for bit.
+#include <cuda_fp16.h>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/tq_layout.h"
+#include "kernels/cuda/tq_quantize.h"
+
+namespace turbokv::cuda {
+namespace {
+
+using L = TQ35Layout;
+constexpr int kWarpsPerBlock = 4;
+
+// Σ v_i² with 8 interleaved partial sums (i ascending), then the fixed tree of codec_mse.h.
+// scratch: this warp's [128] floats.
+__device__ float sum_squares(const float (&v)[4], float* scratch, int lane) {
+  for (int j = 0; j < 4; ++j) scratch[4 * lane + j] = __fmul_rn(v[j], v[j]);
+  __syncwarp();
+  float p = 0.0f;
+  if (lane < 8) {
+    for (int i = lane; i < L::kHeadDim; i += 8) p = __fadd_rn(p, scratch[i]);
+  }
+  float part[8];
+  for (int k = 0; k < 8; ++k) part[k] = __shfl_sync(0xffffffffu, p, k);
+  __syncwarp();
+  return __fadd_rn(__fadd_rn(__fadd_rn(part[0], part[4]), __fadd_rn(part[2], part[6])),
+                   __fadd_rn(__fadd_rn(part[1], part[5]), __fadd_rn(part[3], part[7])));
+}
+
+// core/half.h f32_to_f16: IEEE round to nearest even; NaN -> sign | 0x7e00.
+__device__ uint16_t to_f16_bits(float x) {
+  if (isnan(x)) return uint16_t(((__float_as_uint(x) >> 16) & 0x8000u) | 0x7e00u);
+  return __half_as_ushort(__float2half_rn(x));
+}
+
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    tq_quantize_kernel(const TQKernelCodec codec, const TQQuantizeProblem p) {
+  __shared__ float scratch[kWarpsPerBlock][L::kHeadDim];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t vec = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
+  const int64_t total = int64_t(p.batch) * p.n_new * p.kv_heads * 2;
+  if (vec >= total) return;
+  const int role = int(vec % 2);  // 0 key, 1 value
+  const int64_t rest = vec / 2;
+  const int head = int(rest % p.kv_heads);
+  const int i = int((rest / p.kv_heads) % p.n_new);
+  const int b = int(rest / (int64_t(p.kv_heads) * p.n_new));
+  const float* src =
+      (role == 0 ? p.k : p.v) + ((int64_t(b) * p.n_new + i) * p.kv_heads + head) * L::kHeadDim;
+  const float4 x4 = reinterpret_cast<const float4*>(src)[lane];
+  const float x[4] = {x4.x, x4.y, x4.z, x4.w};
+
+  // 1-2. norm and unit vector
+  const float n = __fsqrt_rn(sum_squares(x, scratch[warp], lane));
+  const float inv = __fdiv_rn(1.0f, fmaxf(n, 1e-6f));
+  const uint32_t* flips = role == 0 ? codec.key_sign_flips : codec.value_sign_flips;
+  float z[4];
+  for (int j = 0; j < 4; ++j) {
+    const int d = 4 * lane + j;
+    const float u = __fmul_rn(x[j], inv);
+    z[j] = (flips[d / 32] >> (d % 32)) & 1u ? -u : u;
+  }
+  // 3. butterflies h = 1, 2 inside the lane, h = 4 .. 64 across lanes (lane ^ h/4)
+  for (int h = 1; h <= 2; h *= 2) {
+    for (int j = 0; j < 4; ++j) {
+      if (j & h) continue;
+      const float a = z[j], c = z[j + h];
+      z[j] = __fadd_rn(a, c);
+      z[j + h] = __fsub_rn(a, c);
+    }
+  }
+  for (int h = 4; h < L::kHeadDim; h *= 2) {
+    const bool upper = lane & (h / 4);
+    for (int j = 0; j < 4; ++j) {
+      const float other = __shfl_xor_sync(0xffffffffu, z[j], h / 4);
+      z[j] = upper ? __fsub_rn(other, z[j]) : __fadd_rn(z[j], other);
+    }
+  }
+  // 4. codes: #{k : boundary[k] < y}
+  const int levels = role == 0 ? 8 : 16;
+  const float* boundaries = role == 0 ? codec.key_boundaries : codec.value_boundaries;
+  const float* centroids = role == 0 ? codec.key_centroids : codec.value_centroids;
+  uint32_t code[4];
+  float chat[4];
+  for (int j = 0; j < 4; ++j) {
+    const float y = __fmul_rn(z[j], codec.hadamard_scale);
+    uint32_t idx = 0;
+    for (int k = 0; k < levels - 1; ++k) idx += boundaries[k] < y ? 1u : 0u;
+    code[j] = idx;
+    chat[j] = centroids[idx];
+  }
+  // 5. norm correction
+  float stored = n;
+  if (codec.norm_correction) {
+    const float cn = __fsqrt_rn(sum_squares(chat, scratch[warp], lane));
+    if (cn > 0) stored = __fdiv_rn(n, cn);
+  }
+
+  // 6. pack into the tile
+  const int token = p.start[b] + i;
+  uint8_t* tile =
+      p.tiles + ((int64_t(b) * p.kv_heads + head) * p.max_tiles + token / L::kTileTokens) *
+                    int64_t(L::kTileBytes);
+  const int tok = token % L::kTileTokens;
+  if (role == 0) {
+    // Lane l's 12 bits land at bit 12*(l%8) of its quarter's 96-bit slot; OR over the 8 lanes.
+    const uint32_t bits = code[0] | code[1] << 3 | code[2] << 6 | code[3] << 9;
+    const int offset = 12 * (lane % 8);
+    uint32_t words[3] = {0, 0, 0};
+    words[offset / 32] = bits << (offset % 32);
+    if (offset % 32 > 20) words[offset / 32 + 1] = bits >> (32 - offset % 32);
+    for (int w = 0; w < 3; ++w) {
+      for (int m = 1; m < 8; m *= 2) words[w] |= __shfl_xor_sync(0xffffffffu, words[w], m);
+    }
+    if (lane % 8 == 0) {
+      const int dim0 = 4 * lane;
+      const int key_lane = L::key_lane(tok, dim0);
+      const int first_word = L::key_bit(tok, dim0) / 32;
+      for (int w = 0; w < 3; ++w) {
+        *reinterpret_cast<uint32_t*>(tile + L::lane_word_offset(0, key_lane, first_word + w)) =
+            words[w];
+      }
+    }
+  } else {
+    for (int j = 0; j < 4; ++j) {
+      const int d = 4 * lane + j;
+      uint32_t* word = reinterpret_cast<uint32_t*>(
+          tile +
+          L::lane_word_offset(L::kValueOffset, L::value_lane(tok, d), L::value_word(tok, d)));
+      const int bit = L::value_bit(tok, d);
+      atomicAnd(word, ~(0xFu << bit));
+      atomicOr(word, code[j] << bit);
+    }
+  }
+  if (lane == 0) {
+    *reinterpret_cast<uint16_t*>(tile + L::norm_offset(tok, role)) = to_f16_bits(stored);
+  }
+}
+
+}  // namespace
+
+void tq_quantize(const TQKernelCodec& codec, const TQQuantizeProblem& problem,
+                 cudaStream_t stream) {
+  if (problem.batch < 1 || problem.n_new < 1 || problem.kv_heads < 1 || problem.max_tiles < 1) {
+    throw InvalidArgument(str_cat("tq_quantize: batch ", problem.batch, ", n_new ", problem.n_new,
+                                  ", kv_heads ", problem.kv_heads, ", max_tiles ",
+                                  problem.max_tiles, ": all must be >= 1"));
+  }
+  const int64_t vectors = int64_t(problem.batch) * problem.n_new * problem.kv_heads * 2;
+  const int64_t blocks = (vectors + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  tq_quantize_kernel<<<unsigned(blocks), kWarpsPerBlock * 32, 0, stream>>>(codec, problem);
+  TURBOKV_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace turbokv::cuda

@@ -1,0 +1,223 @@
+// The CUDA attention kernels against the double-precision CPU reference:
+//  - TurboQuant: keys/values quantized by the CUDA kernel (bit-identical to the CPU codec, see
+//    quantize_test.cc) and attended on codes; the reference attends over the CPU codec's
+//    dequantized vectors, so the only differences are the kernel's fp16 operands.
+//  - dense fp16: the reference sees the same fp16-rounded keys and values.
+// Batches mix sequence lengths (partial tiles, one-token sequences, many splits), GQA groups
+// of 1, 4 and 8, decode (n_q = 1) and prefill over the cache (n_q > 1, causal).
+#include "kernels/cuda/attention.h"
+
+#include <cuda_fp16.h>
+
+#include <cstdio>
+#include <sstream>
+
+#include "core/error.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/tq_layout.h"
+#include "kernels/cuda/tq_quantize.h"
+#include "test_util.h"
+
+namespace turbokv::cuda {
+namespace {
+
+using testing::CudaTest;
+constexpr int kD = 128;
+
+struct Case {
+  std::vector<int> lens;
+  int n_q;
+  int n_heads;
+  int kv_heads;
+};
+
+std::string describe(const Case& c) {
+  std::ostringstream s;
+  s << "lens";
+  for (int len : c.lens) s << " " << len;
+  s << ", n_q " << c.n_q << ", heads " << c.n_heads << "/" << c.kv_heads;
+  return s.str();
+}
+
+int max_len(const Case& c) {
+  return *std::max_element(c.lens.begin(), c.lens.end());
+}
+
+// Runs `attend(problem, workspace, bytes)` twice on one workspace, the output poisoned with
+// NaN before each; returns the second output.
+template <typename Attend>
+std::vector<float> run_attention(const Case& c, const std::vector<float>& q, float scale,
+                                 CacheKind kind, Attend attend,
+                                 TQBlockShape shape = TQBlockShape::kAuto) {
+  auto d_q = DeviceBuffer<float>::upload(q);
+  auto d_lens = DeviceBuffer<int>::upload(c.lens);
+  DeviceBuffer<float> d_out(q.size());
+  TURBOKV_CUDA_CHECK(cudaMemset(d_out.data(), 0xff, d_out.bytes()));  // NaN
+  AttentionProblem p;
+  p.q = d_q.data();
+  p.seq_lens = d_lens.data();
+  p.out = d_out.data();
+  p.batch = int(c.lens.size());
+  p.n_q = c.n_q;
+  p.n_heads = c.n_heads;
+  p.kv_heads = c.kv_heads;
+  p.max_len = max_len(c);
+  p.scale = scale;
+  p.tq_shape = shape;
+  const size_t bytes = attention_workspace_bytes(p, kind);
+  DeviceBuffer<uint8_t> workspace(bytes);
+  workspace.zero();
+  // Twice with one workspace: the first call must leave it ready for the next.
+  attend(p, workspace.data(), bytes);
+  TURBOKV_CUDA_CHECK(cudaMemset(d_out.data(), 0xff, d_out.bytes()));
+  attend(p, workspace.data(), bytes);
+  TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
+  return d_out.download();
+}
+
+class CudaAttention : public CudaTest {};
+
+void check_turboquant(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(describe(c));
+  const TQDeviceCodec codec(seed);
+  const int batch = int(c.lens.size()), cap = max_len(c);
+  const int max_tiles = (cap + 31) / 32;
+  // k, v [batch, cap, kv_heads, 128]; keys with a common offset make the softmax peaky.
+  std::vector<float> k = testing::random_normal(size_t(batch) * cap * c.kv_heads * kD, seed);
+  const std::vector<float> v =
+      testing::random_normal(size_t(batch) * cap * c.kv_heads * kD, seed + 1, 2.0f);
+  const std::vector<float> bias = testing::random_normal(kD, seed + 2, 0.5f);
+  for (size_t i = 0; i < k.size(); ++i) k[i] += bias[i % kD];
+  const std::vector<float> q =
+      testing::random_normal(size_t(batch) * c.n_q * c.n_heads * kD, seed + 3, 1.5f);
+
+  auto d_k = DeviceBuffer<float>::upload(k);
+  auto d_v = DeviceBuffer<float>::upload(v);
+  auto d_start = DeviceBuffer<int>::upload(std::vector<int>(batch, 0));
+  DeviceBuffer<uint8_t> tiles(size_t(batch) * c.kv_heads * max_tiles * TQ35Layout::kTileBytes);
+  TURBOKV_CUDA_CHECK(cudaMemset(tiles.data(), 0xff, tiles.bytes()));  // garbage past the end
+  tq_quantize(
+      codec.kernel_codec(),
+      {d_k.data(), d_v.data(), d_start.data(), tiles.data(), batch, cap, c.kv_heads, max_tiles},
+      nullptr);
+
+  // Reference inputs: the CPU codec's reconstruction of every key and value.
+  std::vector<float> k_hat(k.size()), v_hat(v.size());
+  for (size_t row = 0; row < k.size() / kD; ++row) {
+    uint8_t codes[64];
+    uint16_t norm;
+    codec.key_codec().quantize(&k[row * kD], codes, &norm, quant::Isa::kScalar);
+    codec.key_codec().dequantize(codes, &norm, &k_hat[row * kD]);
+    codec.value_codec().quantize(&v[row * kD], codes, &norm, quant::Isa::kScalar);
+    codec.value_codec().dequantize(codes, &norm, &v_hat[row * kD]);
+  }
+  const float scale = 1.0f / std::sqrt(float(kD));
+  auto at = [&](const std::vector<float>& x) {
+    return [&x, &c, cap](int b, int t, int h) {
+      return &x[((size_t(b) * cap + t) * c.kv_heads + h) * kD];
+    };
+  };
+  const std::vector<float> ref = testing::reference_attention(
+      q, c.lens, c.n_q, c.n_heads, c.kv_heads, kD, scale, at(k_hat), at(v_hat));
+  for (TQBlockShape shape : {TQBlockShape::kAuto, TQBlockShape::kDeep, TQBlockShape::kWide}) {
+    SCOPED_TRACE(int(shape));
+    const std::vector<float> out = run_attention(
+        c, q, scale, CacheKind::kTurboQuant,
+        [&](auto& p, void* ws, size_t bytes) {
+          tq_attention(codec.kernel_codec(), {tiles.data(), max_tiles}, p, ws, bytes, nullptr);
+        },
+        shape);
+    const double err = testing::max_row_relative_error(out, ref, kD);
+    std::printf("  turboquant (block shape %d) max row relative error %.2e\n", int(shape), err);
+    EXPECT_LT(err, 4e-3);  // fp16 query, centroids and probabilities
+  }
+}
+
+void check_dense(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(describe(c));
+  const int batch = int(c.lens.size()), cap = max_len(c) + 5;  // capacity not a tile multiple
+  // Device layout k, v [batch, kv_heads, cap, 128] fp16.
+  const std::vector<float> k =
+      testing::round_to_f16(testing::random_normal(size_t(batch) * c.kv_heads * cap * kD, seed));
+  const std::vector<float> v = testing::round_to_f16(
+      testing::random_normal(size_t(batch) * c.kv_heads * cap * kD, seed + 1, 2.0f));
+  const std::vector<float> q =
+      testing::random_normal(size_t(batch) * c.n_q * c.n_heads * kD, seed + 3, 1.5f);
+  std::vector<uint16_t> k16(k.size()), v16(v.size());
+  for (size_t i = 0; i < k.size(); ++i) k16[i] = f32_to_f16(k[i]);
+  for (size_t i = 0; i < v.size(); ++i) v16[i] = f32_to_f16(v[i]);
+  // Positions past each length hold NaN: the kernel must never let them in.
+  for (int b = 0; b < batch; ++b) {
+    for (int h = 0; h < c.kv_heads; ++h) {
+      for (int t = c.lens[b]; t < cap; ++t) {
+        for (int j = 0; j < kD; ++j) {
+          k16[((size_t(b) * c.kv_heads + h) * cap + t) * kD + j] = 0x7e00;
+          v16[((size_t(b) * c.kv_heads + h) * cap + t) * kD + j] = 0x7e00;
+        }
+      }
+    }
+  }
+  auto d_k = DeviceBuffer<uint16_t>::upload(k16);
+  auto d_v = DeviceBuffer<uint16_t>::upload(v16);
+  const float scale = 1.0f / std::sqrt(float(kD));
+  auto at = [&](const std::vector<float>& x) {
+    return [&x, &c, cap](int b, int t, int h) {
+      return &x[((size_t(b) * c.kv_heads + h) * cap + t) * kD];
+    };
+  };
+  const std::vector<float> ref = testing::reference_attention(q, c.lens, c.n_q, c.n_heads,
+                                                              c.kv_heads, kD, scale, at(k), at(v));
+  const DenseCacheView cache{reinterpret_cast<const __half*>(d_k.data()),
+                             reinterpret_cast<const __half*>(d_v.data()), cap};
+  const std::vector<float> out = run_attention(
+      c, q, scale, CacheKind::kDense,
+      [&](auto& p, void* ws, size_t bytes) { dense_attention(cache, p, ws, bytes, nullptr); });
+  const double err = testing::max_row_relative_error(out, ref, kD);
+  std::printf("  dense max row relative error %.2e\n", err);
+  EXPECT_LT(err, 3e-3);  // fp16 query and P
+}
+
+TEST_F(CudaAttention, TurboQuantDecodeMatchesReference) {
+  check_turboquant({{1, 77, 1000, 32}, 1, 32, 8}, 100);
+  check_turboquant({{300, 4}, 1, 8, 8}, 101);
+  check_turboquant({{129}, 1, 8, 1}, 102);
+}
+
+TEST_F(CudaAttention, TurboQuantLongContextUsesManySplits) {
+  check_turboquant({{20000, 9000}, 1, 32, 8}, 110);
+}
+
+TEST_F(CudaAttention, TurboQuantPrefillOverQuantizedCacheIsCausal) {
+  check_turboquant({{40, 100}, 7, 8, 2}, 120);
+  check_turboquant({{64}, 64, 4, 2}, 121);
+}
+
+TEST_F(CudaAttention, DenseDecodeMatchesReference) {
+  check_dense({{1, 77, 1000, 32}, 1, 32, 8}, 200);
+  check_dense({{300, 4}, 1, 8, 8}, 201);
+  check_dense({{20000}, 1, 32, 8}, 202);
+}
+
+TEST_F(CudaAttention, DensePrefillIsCausal) {
+  check_dense({{40, 100}, 7, 8, 2}, 210);
+}
+
+TEST(CudaAttentionArgs, RejectsBadShapesBeforeTouchingTheDevice) {
+  AttentionProblem p;
+  p.batch = 1;
+  p.n_q = 1;
+  p.n_heads = 6;
+  p.kv_heads = 4;
+  p.max_len = 10;
+  p.scale = 0.1f;
+  EXPECT_THROW(attention_workspace_bytes(p, CacheKind::kTurboQuant), InvalidArgument);
+  p.n_heads = 8;
+  p.max_len = 0;
+  EXPECT_THROW(attention_workspace_bytes(p, CacheKind::kDense), InvalidArgument);
+  p.max_len = 10;
+  p.scale = 0;
+  EXPECT_THROW(attention_workspace_bytes(p, CacheKind::kDense), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace turbokv::cuda
