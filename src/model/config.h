@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/activation.h"
+#include "model/model.h"
 
 namespace turbokv {
 
@@ -29,16 +30,10 @@ struct RopeConfig {
   bool truncate = true;
 };
 
-struct ModelConfig {
-  std::string model_type;
-  int vocab_size = 0;
-  int hidden_size = 0;
+// The sizes and token ids the model reports (ModelInfo: model_type, vocab, hidden, layers,
+// heads, head_dim, context, EOS/BOS ids) plus what only the decoder needs.
+struct ModelConfig : ModelInfo {
   int intermediate_size = 0;
-  int num_layers = 0;
-  int num_heads = 0;
-  int num_kv_heads = 0;
-  int head_dim = 0;
-  int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   Activation activation = Activation::kSilu;
   bool tie_word_embeddings = false;
@@ -68,9 +63,6 @@ struct ModelConfig {
   int moe_intermediate_size = 0;
   bool norm_topk_prob = false;
   std::vector<bool> moe_layer;  // [num_layers]
-
-  std::vector<int32_t> eos_token_ids;
-  std::optional<int32_t> bos_token_id;
 };
 
 // Reads dir/config.json (and generation_config.json for EOS ids). Throws IoError when missing,

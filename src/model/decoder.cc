@@ -58,17 +58,6 @@ DecoderModel::DecoderModel(ModelConfig config, WeightStore weights)
   const int64_t H = c.hidden_size, hd = c.head_dim;
   const int64_t q_dim = c.num_heads * hd, kv_dim = c.num_kv_heads * hd;
 
-  info_.model_type = c.model_type;
-  info_.vocab_size = c.vocab_size;
-  info_.hidden_size = c.hidden_size;
-  info_.num_layers = c.num_layers;
-  info_.num_heads = c.num_heads;
-  info_.num_kv_heads = c.num_kv_heads;
-  info_.head_dim = c.head_dim;
-  info_.max_position_embeddings = c.max_position_embeddings;
-  info_.eos_token_ids = c.eos_token_ids;
-  info_.bos_token_id = c.bos_token_id;
-
   embed_ = weights_.matrix("model.embed_tokens.weight", c.vocab_size, H);
   embedding_scale_ = round_to_dtype(c.embedding_scale, embed_.dtype);
   lm_head_ = c.tie_word_embeddings ? embed_ : weights_.matrix("lm_head.weight", c.vocab_size, H);

@@ -54,7 +54,7 @@ class DecoderModel final : public Model {
  public:
   DecoderModel(ModelConfig config, WeightStore weights);
 
-  const ModelInfo& info() const override { return info_; }
+  const ModelInfo& info() const override { return config_; }
   std::vector<LayerSpec> layer_specs() const override;
   void forward(std::span<const Chunk> chunks) const override;
 
@@ -76,7 +76,6 @@ class DecoderModel final : public Model {
 
   ModelConfig config_;
   WeightStore weights_;
-  ModelInfo info_;
   WeightMatrix embed_, lm_head_;
   float embedding_scale_ = 1;
   std::vector<float> final_norm_;
