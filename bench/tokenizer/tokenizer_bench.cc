@@ -6,11 +6,9 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
-#include <fstream>
-#include <sstream>
 #include <string>
 
-#include "core/error.h"
+#include "core/text_file.h"
 #include "tokenizer/hf_tokenizer.h"
 
 namespace {
@@ -53,11 +51,7 @@ int main(int argc, char** argv) {
   const std::string model = argc > 2 ? argv[2] : repo + "/models/tinycode-llama";
   const int repeats = argc > 3 ? std::max(1, std::atoi(argv[3])) : 3;
   try {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw turbokv::IoError("cannot open '" + path + "'");
-    std::stringstream buffer;
-    buffer << in.rdbuf();
-    const std::string text = buffer.str();
+    const std::string text = turbokv::read_file(path);
     auto tokenizer = turbokv::HfTokenizer::load(model + "/tokenizer.json");
     const double mb = static_cast<double>(text.size()) / 1e6;
 

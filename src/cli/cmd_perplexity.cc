@@ -4,26 +4,17 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "cli/command.h"
 #include "core/error.h"
+#include "core/text_file.h"
 #include "core/threads.h"
 #include "model/perplexity.h"
 #include "tokenizer/tokenizer.h"
 
 namespace turbokv::cli {
 namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(str_cat("cannot open text file ", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 int perplexity_main(int argc, char** argv) {
   CLI::App app(

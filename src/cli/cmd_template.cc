@@ -1,25 +1,15 @@
 // `turbokv template`: renders a chat template (a model's, or a file) with variables from JSON,
 // as transformers' apply_chat_template does. raise_exception in the template -> exit 1.
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "cli/command.h"
 #include "core/error.h"
+#include "core/text_file.h"
 #include "tokenizer/chat_template.h"
-#include "tokenizer/hf_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace turbokv::cli {
 namespace {
-
-std::string read_file_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(str_cat("cannot open '", path, "'"));
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
 
 int run_template(int argc, char** argv) {
   CLI::App app{"Render a chat template with variables from a JSON file", "template"};
@@ -35,14 +25,14 @@ int run_template(int argc, char** argv) {
   app.add_flag("--json", json_output, "print one JSON object {text}");
   if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
 
-  auto vars = parse_json_located<nlohmann::ordered_json>(read_file_text(vars_path), vars_path);
+  auto vars = parse_json_located<nlohmann::ordered_json>(read_file(vars_path), vars_path);
   if (!vars.is_object()) {
     throw InvalidArgument(
         str_cat(vars_path, ": template variables must be a JSON object, got ", vars.type_name()));
   }
   std::string source;
   if (!template_path.empty()) {
-    source = read_file_text(template_path);
+    source = read_file(template_path);
   } else {
     const std::string dir = model_dir.empty() ? default_model_dir() : model_dir;
     const auto tokenizer = Tokenizer::from_model_dir(dir);

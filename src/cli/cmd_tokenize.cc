@@ -1,23 +1,14 @@
 // `turbokv tokenize`: text -> token ids and token strings with a model's tokenizer.json.
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "cli/command.h"
 #include "core/error.h"
+#include "core/text_file.h"
 #include "tokenizer/tokenizer.h"
 
 namespace turbokv::cli {
 namespace {
-
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(str_cat("cannot open '", path, "'"));
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
 
 int run_tokenize(int argc, char** argv) {
   CLI::App app{"Tokenize text like the HF tokenizers library (prints ids and tokens)", "tokenize"};
@@ -41,7 +32,7 @@ int run_tokenize(int argc, char** argv) {
       tokenizer_path.empty()
           ? Tokenizer::from_model_dir(model_dir.empty() ? default_model_dir() : model_dir)
           : Tokenizer::from_file(tokenizer_path);
-  const std::string input = file.empty() ? text : read_text_file(file);
+  const std::string input = file.empty() ? text : read_file(file);
   const std::vector<int32_t> ids = tokenizer->encode(input, !no_special);
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());

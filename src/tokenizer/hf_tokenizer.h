@@ -48,9 +48,4 @@ class HfTokenizer final : public Tokenizer {
   bool prepend_bos_ = false;  // tokenizer_config asks for BOS the post-processor does not add
 };
 
-// Parses JSON text; a syntax error becomes a FormatError naming `what`, the byte offset, the
-// line and the column.
-template <typename Json>
-Json parse_json_located(const std::string& text, const std::string& what);
-
 }  // namespace turbokv

@@ -9,17 +9,13 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/text_file.h"
 
 namespace turbokv {
 namespace {
 
 const std::string kReference = std::string(TURBOKV_SOURCE_DIR) +
                                "/tests/fixtures/tinycode-llama-reference.safetensors";
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 std::string write_temp(const std::string& name, const std::string& bytes) {
   const std::string path = ::testing::TempDir() + name;
@@ -59,7 +55,7 @@ void expect_format_error(const std::string& bytes, const std::string& needle) {
 }
 
 TEST(Safetensors, RejectsBrokenFiles) {
-  const std::string good = read_all(kReference);
+  const std::string good = read_file(kReference);
   expect_format_error(good.substr(0, 5), "shorter than");
   expect_format_error(good.substr(0, 100), "header length");
   expect_format_error(good.substr(0, good.size() - 10), "outside the data section");

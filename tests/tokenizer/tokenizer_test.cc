@@ -9,9 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/text_file.h"
 #include "tokenizer/hf_tokenizer.h"
 
 namespace turbokv {
@@ -242,13 +242,11 @@ TEST(Tokenizer, MetaspaceAndTemplateProcessing) {
 // The per-piece cache returns what the plain BPE computes.
 TEST(Tokenizer, CachedEqualsUncached) {
   auto tokenizer = HfTokenizer::load(kModelDir + "/tokenizer.json");
-  std::ifstream in(kRepo + "/src/tokenizer/bpe.cc");
-  std::stringstream source;
-  source << in.rdbuf();
-  const auto cached = tokenizer->encode(source.str());
-  const auto again = tokenizer->encode(source.str());
+  const std::string source = read_file(kRepo + "/src/tokenizer/bpe.cc");
+  const auto cached = tokenizer->encode(source);
+  const auto again = tokenizer->encode(source);
   tokenizer->set_cache_enabled(false);
-  EXPECT_EQ(tokenizer->encode(source.str()), cached);
+  EXPECT_EQ(tokenizer->encode(source), cached);
   EXPECT_EQ(again, cached);
 }
 
