@@ -39,4 +39,8 @@ template nlohmann::json parse_json_located<nlohmann::json>(const std::string&, c
 template nlohmann::ordered_json parse_json_located<nlohmann::ordered_json>(const std::string&,
                                                                            const std::string&);
 
+nlohmann::json read_json_file(const std::string& path) {
+  return parse_json_located<nlohmann::json>(read_file(path), path);
+}
+
 }  // namespace turbokv

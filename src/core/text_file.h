@@ -15,4 +15,7 @@ std::string read_file(const std::string& path);
 template <typename Json>
 Json parse_json_located(const std::string& text, const std::string& what);
 
+// parse_json_located(read_file(path), path): a config file such as config.json.
+nlohmann::json read_json_file(const std::string& path);
+
 }  // namespace turbokv

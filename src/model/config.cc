@@ -4,10 +4,10 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <set>
 
 #include "core/error.h"
+#include "core/text_file.h"
 #include "model/config_json.h"
 #include "model/families.h"
 
@@ -19,16 +19,6 @@ using config_json::get_int;
 using config_json::get_number;
 using config_json::get_string;
 using config_json::require_int;
-
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw IoError(str_cat("cannot open ", path));
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw FormatError(str_cat(path, ": invalid JSON: ", e.what()));
-  }
-}
 
 Activation parse_activation(const nlohmann::json& j, const std::string& path) {
   std::optional<std::string> name = get_string(j, "hidden_activation", path);
@@ -237,10 +227,10 @@ ModelConfig load_model_config(const std::string& dir) {
   if (!std::filesystem::exists(path)) {
     throw IoError(str_cat("model directory ", dir, " has no config.json"));
   }
-  ModelConfig c = parse_model_config(read_json(path), path);
+  ModelConfig c = parse_model_config(read_json_file(path), path);
   const std::string gen_path = (std::filesystem::path(dir) / "generation_config.json").string();
   if (std::filesystem::exists(gen_path)) {
-    for (int32_t id : token_ids(read_json(gen_path), "eos_token_id", gen_path)) {
+    for (int32_t id : token_ids(read_json_file(gen_path), "eos_token_id", gen_path)) {
       if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end()) {
         c.eos_token_ids.push_back(id);
       }

@@ -3,11 +3,11 @@
 #include "model/weights.h"
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "core/error.h"
+#include "core/text_file.h"
 
 namespace turbokv {
 namespace {
@@ -27,13 +27,7 @@ WeightStore WeightStore::open(const std::string& dir) {
   std::map<std::string, std::string> expected_shard;  // tensor -> shard file name
   std::vector<std::string> shards;
   if (fs::exists(index_path)) {
-    std::ifstream in(index_path);
-    nlohmann::json index;
-    try {
-      index = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      throw FormatError(str_cat(index_path.string(), ": invalid JSON: ", e.what()));
-    }
+    const nlohmann::json index = read_json_file(index_path.string());
     auto map = index.find("weight_map");
     if (map == index.end() || !map->is_object()) {
       throw FormatError(str_cat(index_path.string(), ": missing object 'weight_map'"));

@@ -66,8 +66,7 @@ HfTokenizer::HfTokenizer(const json& root) {
 }
 
 std::unique_ptr<HfTokenizer> HfTokenizer::load(const std::string& path) {
-  const std::string text = read_file(path);
-  return std::make_unique<HfTokenizer>(parse_json_located<json>(text, path));
+  return std::make_unique<HfTokenizer>(read_json_file(path));
 }
 
 void HfTokenizer::load_model_config(const std::string& dir) {
@@ -137,7 +136,7 @@ void HfTokenizer::load_model_config(const std::string& dir) {
   }
   const fs::path generation_path = fs::path(dir) / "generation_config.json";
   if (fs::exists(generation_path)) {
-    const auto gen = parse_json_located<json>(read_file(generation_path), generation_path.string());
+    const json gen = read_json_file(generation_path.string());
     if (gen.is_object() && gen.contains("eos_token_id")) {
       const json& eos = gen["eos_token_id"];
       if (eos.is_number_integer()) {
