@@ -190,22 +190,23 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
   return ids;
 }
 
-const std::string* HfTokenizer::token_string(int32_t id) const {
-  if (const AddedToken* token = added_.by_id(id)) return &token->content;
-  return model_->id_to_token(id);
+const std::string& HfTokenizer::token_string(int32_t id) const {
+  if (const AddedToken* token = added_.by_id(id)) return token->content;
+  const std::string* token = model_->id_to_token(id);
+  if (token == nullptr) {
+    throw InvalidArgument(
+        str_cat("token id ", id, " is not in the vocabulary (0..", vocab_size() - 1, ")"));
+  }
+  return *token;
 }
 
 std::string HfTokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (const int32_t id : ids) {
-    const std::string* token = token_string(id);
-    if (token == nullptr) {
-      throw InvalidArgument(
-          str_cat("token id ", id, " is not in the vocabulary (0..", vocab_size() - 1, ")"));
-    }
+    const std::string& token = token_string(id);
     if (skip_special_tokens && is_special(id)) continue;
-    tokens.push_back(*token);
+    tokens.push_back(token);
   }
   std::string text;
   if (decoder_) {
@@ -228,12 +229,7 @@ std::optional<int32_t> HfTokenizer::token_to_id(std::string_view token) const {
 }
 
 std::string HfTokenizer::id_to_token(int32_t id) const {
-  const std::string* token = token_string(id);
-  if (token == nullptr) {
-    throw InvalidArgument(
-        str_cat("token id ", id, " is not in the vocabulary (0..", vocab_size() - 1, ")"));
-  }
-  return *token;
+  return token_string(id);
 }
 
 bool HfTokenizer::is_special(int32_t id) const {

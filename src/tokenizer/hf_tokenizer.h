@@ -35,8 +35,9 @@ class HfTokenizer final : public Tokenizer {
   void set_cache_enabled(bool enabled) { model_->set_cache_enabled(enabled); }
 
  private:
-  // The string of id (added token or vocab entry); nullptr when id is unknown.
-  const std::string* token_string(int32_t id) const;
+  // The string of id (added token or vocab entry). Throws InvalidArgument naming an unknown id
+  // and the vocabulary range.
+  const std::string& token_string(int32_t id) const;
 
   std::unique_ptr<BpeModel> model_;
   AddedVocabulary added_;
