@@ -40,7 +40,6 @@ void UniformCodec::quantize(const float* x, uint8_t* codes, uint16_t* params, Is
     return;
   }
   const int d = dim();
-  const float top = float((1 << bits()) - 1);
   thread_local std::vector<uint8_t> q;
   q.resize(d);
   for (int g = 0; g < groups(); ++g) {
@@ -50,18 +49,31 @@ void UniformCodec::quantize(const float* x, uint8_t* codes, uint16_t* params, Is
       mn = std::fmin(mn, x[i]);
       mx = std::fmax(mx, x[i]);
     }
-    mn = mn + 0.0f;
-    mx = mx + 0.0f;
-    params[2 * g] = f32_to_f16((mx - mn) / top);
-    params[2 * g + 1] = f32_to_f16(mn);
-    const float s = f16_to_f32(params[2 * g]), m = f16_to_f32(params[2 * g + 1]);
-    const float inv = s > 0 ? 1.0f / s : 0.0f;
-    for (int i = begin; i < end; ++i) {
-      const float level = std::floor((x[i] - m) * inv + 0.5f);
-      q[i] = uint8_t(std::fmin(std::fmax(level, 0.0f), top));
-    }
+    const UniformGroupScale scale = uniform_group_params(mn, mx, bits(), params + 2 * g);
+    uniform_group_codes(x, begin, end, scale, q.data());
   }
   pack_codes(q.data(), d, bits(), codes);
+}
+
+UniformGroupScale uniform_group_params(float mn, float mx, int bits, uint16_t* params) {
+  UniformGroupScale scale;
+  scale.top = float((1 << bits) - 1);
+  mn = mn + 0.0f;
+  mx = mx + 0.0f;
+  params[0] = f32_to_f16((mx - mn) / scale.top);
+  params[1] = f32_to_f16(mn);
+  const float s = f16_to_f32(params[0]);
+  scale.min = f16_to_f32(params[1]);
+  scale.inv_scale = s > 0 ? 1.0f / s : 0.0f;
+  return scale;
+}
+
+void uniform_group_codes(const float* x, int begin, int end, const UniformGroupScale& scale,
+                         uint8_t* q) {
+  for (int i = begin; i < end; ++i) {
+    const float level = std::floor((x[i] - scale.min) * scale.inv_scale + 0.5f);
+    q[i] = uint8_t(std::fmin(std::fmax(level, 0.0f), scale.top));
+  }
 }
 
 void UniformCodec::dequantize(const uint8_t* codes, const uint16_t* params, float* x) const {

@@ -60,6 +60,19 @@ class UniformCodec {
   int group_size_;
 };
 
+// The scalar steps of quantize() that the scalar and AVX2 paths share (order above).
+struct UniformGroupScale {
+  float min = 0;        // f16_to_f32(params.min)
+  float inv_scale = 0;  // 1 / f16_to_f32(params.scale), 0 for a constant group
+  float top = 0;        // 2^b - 1
+};
+// A group's min mn and max mx (±0 canonicalized here) -> params [2] = {scale, min} fp16 bits;
+// returns what its codes are computed with.
+UniformGroupScale uniform_group_params(float mn, float mx, int bits, uint16_t* params);
+// q[i] for i in [begin, end): the codes of x[i] in a group with that scale.
+void uniform_group_codes(const float* x, int begin, int end, const UniformGroupScale& scale,
+                         uint8_t* q);
+
 namespace avx2 {
 void uniform_quantize(const UniformCodec& codec, const float* x, uint8_t* codes, uint16_t* params);
 void uniform_score(const UniformCodec& codec, const float* q, const uint8_t* codes,

@@ -91,7 +91,6 @@ void uniform_accumulate_bits(const UniformCodec& codec, const float* weights, co
 
 void uniform_quantize(const UniformCodec& codec, const float* x, uint8_t* codes, uint16_t* params) {
   const int d = codec.dim(), group = codec.group_size();
-  const float top = float((1 << codec.bits()) - 1);
   thread_local std::vector<uint8_t> q;
   q.resize(d);
   for (int g = 0; g < codec.groups(); ++g) {
@@ -112,14 +111,9 @@ void uniform_quantize(const UniformCodec& codec, const float* x, uint8_t* codes,
       mn = std::fmin(mn, x[i]);
       mx = std::fmax(mx, x[i]);
     }
-    mn = mn + 0.0f;
-    mx = mx + 0.0f;
-    params[2 * g] = f32_to_f16((mx - mn) / top);
-    params[2 * g + 1] = f32_to_f16(mn);
-    const float s = f16_to_f32(params[2 * g]), m = f16_to_f32(params[2 * g + 1]);
-    const float inv = s > 0 ? 1.0f / s : 0.0f;
-    const __m256 m8 = _mm256_set1_ps(m), inv8 = _mm256_set1_ps(inv);
-    const __m256 half = _mm256_set1_ps(0.5f), top8 = _mm256_set1_ps(top);
+    const UniformGroupScale scale = uniform_group_params(mn, mx, codec.bits(), params + 2 * g);
+    const __m256 m8 = _mm256_set1_ps(scale.min), inv8 = _mm256_set1_ps(scale.inv_scale);
+    const __m256 half = _mm256_set1_ps(0.5f), top8 = _mm256_set1_ps(scale.top);
     for (int i = begin; i < full_end; i += 8) {
       __m256 level = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), m8), inv8);
       level = _mm256_floor_ps(_mm256_add_ps(level, half));
@@ -129,10 +123,7 @@ void uniform_quantize(const UniformCodec& codec, const float* x, uint8_t* codes,
           _mm_packus_epi32(_mm256_castsi256_si128(as_int), _mm256_extracti128_si256(as_int, 1));
       _mm_storel_epi64(reinterpret_cast<__m128i*>(q.data() + i), _mm_packus_epi16(words, words));
     }
-    for (int i = full_end; i < end; ++i) {
-      const float level = std::floor((x[i] - m) * inv + 0.5f);
-      q[i] = uint8_t(std::fmin(std::fmax(level, 0.0f), top));
-    }
+    uniform_group_codes(x, full_end, end, scale, q.data());
   }
   pack_codes(q.data(), d, codec.bits(), codes);
 }
