@@ -19,3 +19,20 @@ function(turbokv_test)
                              TURBOKV_SHARED_DIR="${CMAKE_SOURCE_DIR}/../shared")
   gtest_discover_tests(${T_NAME} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 600)
 endfunction()
+
+# turbokv_cli_pytest(NAME name SCRIPT test_x.py)
+# A pytest file that drives the built `turbokv` binary, run with Debian's /usr/bin/python3
+# (which has pytest); it finds the repo through TURBOKV_SOURCE_DIR and the binary through
+# TURBOKV_BINARY. Nothing is added when the CLI is not part of the build.
+function(turbokv_cli_pytest)
+  cmake_parse_arguments(T "" "NAME;SCRIPT" "" ${ARGN})
+  if(NOT TARGET turbokv)
+    return()
+  endif()
+  add_test(NAME ${T_NAME}
+           COMMAND /usr/bin/python3 -m pytest -q -p no:cacheprovider
+                   ${CMAKE_CURRENT_SOURCE_DIR}/${T_SCRIPT})
+  set_tests_properties(${T_NAME} PROPERTIES
+    ENVIRONMENT "TURBOKV_SOURCE_DIR=${CMAKE_SOURCE_DIR};TURBOKV_BINARY=$<TARGET_FILE:turbokv>"
+    TIMEOUT 600)
+endfunction()
