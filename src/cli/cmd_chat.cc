@@ -52,7 +52,6 @@ int run_chat(int argc, char** argv) {
     PrefillProgress progress(static_cast<int64_t>(tokens.size()));
     const auto reply = engine->generate(tokens, options, [&](const GenerationChunk& c) {
       progress.update(c);
-      if (c.token >= 0 || c.done) progress.clear();
       std::fwrite(c.text.data(), 1, c.text.size(), stdout);
       std::fflush(stdout);
       return true;

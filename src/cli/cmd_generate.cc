@@ -132,7 +132,6 @@ int run_generate(int argc, char** argv) {
   PrefillProgress progress(static_cast<int64_t>(tokens.size()));
   const auto result = engine->generate(tokens, options, [&](const GenerationChunk& c) {
     progress.update(c);
-    if (c.token >= 0 || c.done) progress.clear();
     if (!f.json && !c.text.empty()) {
       std::fwrite(c.text.data(), 1, c.text.size(), stdout);
       std::fflush(stdout);

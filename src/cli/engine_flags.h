@@ -80,23 +80,29 @@ struct SamplingFlags {
   }
 };
 
-// Prints "prefill 256/1000" on a TTY while a long prompt is processed; clears it after.
+// Prints "prefill 256/1000" on a TTY while a long prompt is processed; clears it when the
+// first token (or the end) arrives.
 class PrefillProgress {
  public:
   explicit PrefillProgress(int64_t prompt_tokens)
       : total_(prompt_tokens), enabled_(stderr_is_tty()) {}
   void update(const GenerationChunk& chunk) {
-    if (!enabled_ || chunk.token >= 0 || chunk.done || chunk.prompt_processed >= total_) return;
+    if (chunk.token >= 0 || chunk.done) {
+      clear();
+      return;
+    }
+    if (!enabled_ || chunk.prompt_processed >= total_) return;
     std::fprintf(stderr, "\rprefill %lld/%lld", static_cast<long long>(chunk.prompt_processed),
                  static_cast<long long>(total_));
     shown_ = true;
   }
+
+ private:
   void clear() {
     if (shown_) std::fprintf(stderr, "\r\033[K");
     shown_ = false;
   }
 
- private:
   int64_t total_;
   bool enabled_;
   bool shown_ = false;
