@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "core/cpu.h"
-#include "core/error.h"
 #include "core/threads.h"
 #include "kernels/cpu/matmul_avx2.h"
 
@@ -24,13 +23,6 @@ namespace {
 constexpr int64_t kGemmMinRows = 8;
 // Weight rows widened per sgemm call: the f32 panel stays within a few MB of cache per thread.
 constexpr int64_t kPanelRows = 128;
-
-void check_weight(const WeightMatrix& w) {
-  if (w.dtype != DType::F32 && w.dtype != DType::F16 && w.dtype != DType::BF16) {
-    throw InvalidArgument(str_cat("weight dtype ", dtype_name(w.dtype),
-                                  " is not supported (allowed: F32, F16, BF16)"));
-  }
-}
 
 // Our pool provides the parallelism; OpenBLAS must not start threads of its own inside it.
 void make_openblas_single_threaded() {
@@ -77,7 +69,7 @@ void product_rows(const MatmulJob& job, int64_t m, int64_t begin, int64_t end) {
 void matmul_many(int64_t m, std::span<const MatmulJob> jobs) {
   int64_t total_rows = 0;
   for (const MatmulJob& job : jobs) {
-    check_weight(job.w);
+    check_weight_dtype(job.w);
     total_rows += job.w.rows;
   }
   if (m <= 0 || total_rows <= 0) return;
@@ -99,7 +91,7 @@ void matmul(const float* x, int64_t m, const WeightMatrix& w, const float* bias,
 }
 
 void widen_rows(const WeightMatrix& w, int64_t begin, int64_t count, float* out) {
-  check_weight(w);
+  check_weight_dtype(w);
   if (cpu_has_avx2()) {
     avx2::widen_rows(w, begin, count, out);
   } else {

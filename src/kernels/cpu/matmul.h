@@ -31,6 +31,10 @@ struct WeightMatrix {
 void matmul(const float* x, int64_t m, const WeightMatrix& w, const float* bias, float* y);
 void matmul_ref(const float* x, int64_t m, const WeightMatrix& w, const float* bias, float* y);
 
+// Throws InvalidArgument naming w's dtype unless it is F32, F16 or BF16 (every entry point
+// here checks it).
+void check_weight_dtype(const WeightMatrix& w);
+
 // One product of a matmul_many: y = x · wᵀ + bias, as in matmul.
 struct MatmulJob {
   const float* x;  // [m, w.cols]

@@ -6,21 +6,21 @@
 namespace turbokv {
 namespace {
 
+// Element index of w, whose dtype check_weight_dtype has accepted.
 float weight_at(const WeightMatrix& w, int64_t index) {
-  switch (w.dtype) {
-    case DType::F32:
-      return reinterpret_cast<const float*>(w.data)[index];
-    case DType::F16:
-      return f16_to_f32(reinterpret_cast<const uint16_t*>(w.data)[index]);
-    case DType::BF16:
-      return bf16_to_f32(reinterpret_cast<const uint16_t*>(w.data)[index]);
-    default:
-      throw InvalidArgument(str_cat("weight dtype ", dtype_name(w.dtype),
-                                    " is not supported (allowed: F32, F16, BF16)"));
-  }
+  if (w.dtype == DType::F32) return reinterpret_cast<const float*>(w.data)[index];
+  const uint16_t bits = reinterpret_cast<const uint16_t*>(w.data)[index];
+  return w.dtype == DType::F16 ? f16_to_f32(bits) : bf16_to_f32(bits);
 }
 
 }  // namespace
+
+void check_weight_dtype(const WeightMatrix& w) {
+  if (w.dtype != DType::F32 && w.dtype != DType::F16 && w.dtype != DType::BF16) {
+    throw InvalidArgument(str_cat("weight dtype ", dtype_name(w.dtype),
+                                  " is not supported (allowed: F32, F16, BF16)"));
+  }
+}
 
 WeightMatrix WeightMatrix::row_slice(int64_t begin, int64_t count) const {
   TKV_DCHECK(begin >= 0 && count >= 0 && begin + count <= rows);
@@ -31,6 +31,7 @@ WeightMatrix WeightMatrix::row_slice(int64_t begin, int64_t count) const {
 }
 
 void matmul_ref(const float* x, int64_t m, const WeightMatrix& w, const float* bias, float* y) {
+  check_weight_dtype(w);
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t n = 0; n < w.rows; ++n) {
       double sum = bias != nullptr ? bias[n] : 0.0;
@@ -42,6 +43,7 @@ void matmul_ref(const float* x, int64_t m, const WeightMatrix& w, const float* b
 }
 
 void widen_rows_ref(const WeightMatrix& w, int64_t begin, int64_t count, float* out) {
+  check_weight_dtype(w);
   for (int64_t i = 0; i < count * w.cols; ++i) out[i] = weight_at(w, begin * w.cols + i);
 }
 
@@ -57,6 +59,7 @@ void check_gather_rows(const WeightMatrix& w, const int32_t* rows, int64_t n) {
 void gather_rows_ref(const WeightMatrix& w, const int32_t* rows, int64_t n, float scale,
                      float* out) {
   check_gather_rows(w, rows, n);
+  check_weight_dtype(w);
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t k = 0; k < w.cols; ++k) {
       out[i * w.cols + k] = scale * weight_at(w, rows[i] * w.cols + k);
