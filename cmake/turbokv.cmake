@@ -8,6 +8,17 @@ function(turbokv_avx2_sources)
   endif()
 endfunction()
 
+# turbokv_add_subfolders(dir): add_subdirectory for every folder of dir that has a
+# CMakeLists.txt (tests/<area>/, bench/<area>/: an area joins once it has one).
+function(turbokv_add_subfolders dir)
+  file(GLOB folders LIST_DIRECTORIES true "${dir}/*")
+  foreach(folder ${folders})
+    if(EXISTS "${folder}/CMakeLists.txt")
+      add_subdirectory(${folder})
+    endif()
+  endforeach()
+endfunction()
+
 # turbokv_test(NAME name SOURCES a.cc b.cc DEPS lib1 lib2)
 # One GoogleTest executable; every TEST becomes a ctest entry. Tests find the repo through
 # TURBOKV_SOURCE_DIR and the optional ../shared through TURBOKV_SHARED_DIR (may not exist).
