@@ -179,17 +179,7 @@ std::unique_ptr<Decoder> make_decoder(const json& j, const std::string& where) {
   if (j.is_null()) return nullptr;
   const std::string type = json_string(j, "type", where);
   if (type == "Sequence") {
-    const json& list = json_member(j, "decoders", where);
-    if (!list.is_array()) {
-      throw FormatError(str_cat("tokenizer.json: ", where, ".decoders must be an array"));
-    }
-    std::vector<std::unique_ptr<Decoder>> steps;
-    for (size_t i = 0; i < list.size(); ++i) {
-      if (auto step = make_decoder(list[i], str_cat(where, ".decoders[", i, "]"))) {
-        steps.push_back(std::move(step));
-      }
-    }
-    return std::make_unique<SequenceDecoder>(std::move(steps));
+    return std::make_unique<SequenceDecoder>(json_sequence(j, "decoders", where, make_decoder));
   }
   if (type == "ByteLevel") return std::make_unique<ByteLevelDecoder>();
   if (type == "Replace") {

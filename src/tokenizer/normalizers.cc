@@ -110,16 +110,8 @@ std::unique_ptr<Normalizer> make_normalizer(const json& j, const std::string& wh
   if (j.is_null()) return nullptr;
   const std::string type = json_string(j, "type", where);
   if (type == "Sequence") {
-    std::vector<std::unique_ptr<Normalizer>> steps;
-    const json& list = json_member(j, "normalizers", where);
-    if (!list.is_array())
-      throw FormatError(str_cat("tokenizer.json: ", where, ".normalizers must be an array"));
-    for (size_t i = 0; i < list.size(); ++i) {
-      if (auto step = make_normalizer(list[i], str_cat(where, ".normalizers[", i, "]"))) {
-        steps.push_back(std::move(step));
-      }
-    }
-    return std::make_unique<SequenceNormalizer>(std::move(steps));
+    return std::make_unique<SequenceNormalizer>(
+        json_sequence(j, "normalizers", where, make_normalizer));
   }
   if (type == "Prepend")
     return std::make_unique<PrependNormalizer>(json_string(j, "prepend", where));

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/error.h"
 #include "tokenizer/regex.h"
 
 namespace turbokv {
@@ -59,6 +60,25 @@ std::string json_string_or(const json& obj, const char* key, const std::string& 
                            const std::string& where);
 bool json_bool_or(const json& obj, const char* key, bool fallback, const std::string& where);
 int64_t json_int_or(const json& obj, const char* key, int64_t fallback, const std::string& where);
+
+// The steps of a "Sequence" stage: obj[key] must be an array; element i is built by make (one
+// of the make_* above) at "<where>.<key>[i]", and null elements are skipped.
+template <typename Stage>
+std::vector<std::unique_ptr<Stage>> json_sequence(
+    const json& obj, const char* key, const std::string& where,
+    std::unique_ptr<Stage> (*make)(const json&, const std::string&)) {
+  const json& list = json_member(obj, key, where);
+  if (!list.is_array()) {
+    throw FormatError(str_cat("tokenizer.json: ", where, ".", key, " must be an array"));
+  }
+  std::vector<std::unique_ptr<Stage>> steps;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (auto step = make(list[i], str_cat(where, ".", key, "[", i, "]"))) {
+      steps.push_back(std::move(step));
+    }
+  }
+  return steps;
+}
 
 // A pattern object: {"String": literal} or {"Regex": pattern}.
 Regex make_pattern(const json& j, const std::string& where);

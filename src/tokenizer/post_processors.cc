@@ -92,17 +92,8 @@ std::unique_ptr<PostProcessor> make_post_processor(const json& j, const std::str
         std::vector<int32_t>{special_id(json_member(j, "sep", where), where + ".sep")});
   }
   if (type == "Sequence") {
-    const json& list = json_member(j, "processors", where);
-    if (!list.is_array()) {
-      throw FormatError(str_cat("tokenizer.json: ", where, ".processors must be an array"));
-    }
-    std::vector<std::unique_ptr<PostProcessor>> steps;
-    for (size_t i = 0; i < list.size(); ++i) {
-      if (auto step = make_post_processor(list[i], str_cat(where, ".processors[", i, "]"))) {
-        steps.push_back(std::move(step));
-      }
-    }
-    return std::make_unique<SequenceProcessor>(std::move(steps));
+    return std::make_unique<SequenceProcessor>(
+        json_sequence(j, "processors", where, make_post_processor));
   }
   throw Unsupported(str_cat("tokenizer.json: ", where, ": post-processor type '", type,
                             "' is not supported (supported: TemplateProcessing, ByteLevel, "

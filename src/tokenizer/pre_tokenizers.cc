@@ -185,17 +185,8 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j, const std::strin
   if (j.is_null()) return nullptr;
   const std::string type = json_string(j, "type", where);
   if (type == "Sequence") {
-    const json& list = json_member(j, "pretokenizers", where);
-    if (!list.is_array()) {
-      throw FormatError(str_cat("tokenizer.json: ", where, ".pretokenizers must be an array"));
-    }
-    std::vector<std::unique_ptr<PreTokenizer>> steps;
-    for (size_t i = 0; i < list.size(); ++i) {
-      if (auto step = make_pre_tokenizer(list[i], str_cat(where, ".pretokenizers[", i, "]"))) {
-        steps.push_back(std::move(step));
-      }
-    }
-    return std::make_unique<SequencePreTokenizer>(std::move(steps));
+    return std::make_unique<SequencePreTokenizer>(
+        json_sequence(j, "pretokenizers", where, make_pre_tokenizer));
   }
   if (type == "Split") {
     return std::make_unique<SplitPreTokenizer>(
