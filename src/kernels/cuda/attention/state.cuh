@@ -163,19 +163,6 @@ __device__ __forceinline__ void softmax_tile(WarpState& st, const float (&s)[2][
   }
 }
 
-// softmax_tile with the per-token mask only on the tiles that need it (tile_needs_mask).
-__device__ __forceinline__ void softmax_tile_mask_if_needed(WarpState& st, const float (&s)[2][4],
-                                                            const float (&kmul)[4],
-                                                            const float (&vmul)[4], int tile_token0,
-                                                            const BlockCoords& bc, int g,
-                                                            uint32_t (&pb)[2][2]) {
-  if (tile_needs_mask(bc, tile_token0)) {
-    softmax_tile<true>(st, s, kmul, vmul, tile_token0, bc.limit, g, pb);
-  } else {
-    softmax_tile<false>(st, s, kmul, vmul, tile_token0, bc.limit, g, pb);
-  }
-}
-
 // Combines the block's warps and writes this split's partial (acc, m, l) for its rows.
 // scratch: >= kNumWarps * (kColumns * kHeadDim + 3 * kColumns) floats of shared memory that
 // no warp reads once every warp has arrived here.

@@ -163,7 +163,11 @@ __device__ __forceinline__ void process_tile(const char* stage, int lane, int ti
     vmul[slot] = __high2float(norms);
   }
   uint32_t pb[2][2];
-  softmax_tile_mask_if_needed(st, s, kmul, vmul, tile_token0, bc, g, pb);
+  if (tile_needs_mask(bc, tile_token0)) {
+    softmax_tile<true>(st, s, kmul, vmul, tile_token0, bc.limit, g, pb);
+  } else {
+    softmax_tile<false>(st, s, kmul, vmul, tile_token0, bc.limit, g, pb);
+  }
 #pragma unroll
   for (int kb = 0; kb < 2; ++kb) {
 #pragma unroll
