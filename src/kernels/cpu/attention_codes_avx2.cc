@@ -21,12 +21,141 @@ inline __m256i load_group_word(const uint8_t* p) {
   return _mm256_set1_epi32(word);
 }
 
+// Centroids of the 8 codes of B bits at p (B <= 4). vpermps reads only bits 0-2 of each
+// index, so the bits above a code need clearing only when B < 3; for B = 4 the second lookup
+// (centroids 8-15) is picked by bit 3, moved to the sign bit that blendv reads.
+template <int B>
+inline __m256 lookup_group(const uint8_t* p, __m256i shifts, __m256 low_table, __m256 high_table) {
+  __m256i idx = _mm256_srlv_epi32(load_group_word(p), shifts);
+  if constexpr (B < 3) idx = _mm256_and_si256(idx, _mm256_set1_epi32((1 << B) - 1));
+  const __m256 c = _mm256_permutevar8x32_ps(low_table, idx);
+  if constexpr (B < 4) return c;
+  const __m256 high = _mm256_permutevar8x32_ps(high_table, idx);
+  return _mm256_blendv_ps(c, high, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+}
+
+template <int B>
+__m256i group_shifts() {
+  return _mm256_setr_epi32(0, B, 2 * B, 3 * B, 4 * B, 5 * B, 6 * B, 7 * B);
+}
+
+// scores[b][t] = <q_b, centroids of token t>, two tokens at a time: each looked-up group of 8
+// centroids feeds R multiply-adds (2R accumulators).
+template <int B, int R>
+void score_codes_bits(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
+                      const float* q, int d, int n, float* scores) {
+  const __m256i shifts = group_shifts<B>();
+  const __m256 low_table = _mm256_load_ps(seg.centroids);
+  const __m256 high_table = _mm256_load_ps(seg.centroids + 8);
+  const int groups = d / 8;
+  int t = 0;
+  for (; t + 2 <= n; t += 2) {
+    const uint8_t* c0 = codes + t * code_stride;
+    const uint8_t* c1 = c0 + code_stride;
+    __m256 a0[R], a1[R];
+    for (int b = 0; b < R; ++b) a0[b] = a1[b] = _mm256_setzero_ps();
+    for (int g = 0; g < groups; ++g) {
+      const __m256 x0 = lookup_group<B>(c0 + g * B, shifts, low_table, high_table);
+      const __m256 x1 = lookup_group<B>(c1 + g * B, shifts, low_table, high_table);
+      for (int b = 0; b < R; ++b) {
+        const __m256 qv = _mm256_loadu_ps(q + b * d + 8 * g);
+        a0[b] = _mm256_fmadd_ps(qv, x0, a0[b]);
+        a1[b] = _mm256_fmadd_ps(qv, x1, a1[b]);
+      }
+    }
+    for (int b = 0; b < R; ++b) {
+      const __m256 h = _mm256_hadd_ps(a0[b], a1[b]);
+      __m128 x = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+      x = _mm_hadd_ps(x, x);
+      scores[b * kTileTokens + t] = _mm_cvtss_f32(x);
+      scores[b * kTileTokens + t + 1] = _mm_cvtss_f32(_mm_movehdup_ps(x));
+    }
+  }
+  for (; t < n; ++t) {
+    const uint8_t* c0 = codes + t * code_stride;
+    __m256 a[R];
+    for (int b = 0; b < R; ++b) a[b] = _mm256_setzero_ps();
+    for (int g = 0; g < groups; ++g) {
+      const __m256 x = lookup_group<B>(c0 + g * B, shifts, low_table, high_table);
+      for (int b = 0; b < R; ++b)
+        a[b] = _mm256_fmadd_ps(_mm256_loadu_ps(q + b * d + 8 * g), x, a[b]);
+    }
+    for (int b = 0; b < R; ++b) scores[b * kTileTokens + t] = Avx2Isa::hsum(a[b]);
+  }
+}
+
+// acc[b][8G columns from group g0] = acc * alpha[b] + sum_t w[b][t] * centroids, the R x G
+// accumulators held in registers over the tokens: each looked-up group feeds R multiply-adds.
+template <int B, int R, int G>
+void accumulate_code_groups(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
+                            int g0, float* acc, const float* alpha, const float* w, int d, int n) {
+  const __m256i shifts = group_shifts<B>();
+  const __m256 low_table = _mm256_load_ps(seg.centroids);
+  const __m256 high_table = _mm256_load_ps(seg.centroids + 8);
+  __m256 a[R][G];
+  for (int b = 0; b < R; ++b) {
+    const __m256 scale = _mm256_set1_ps(alpha[b]);
+    for (int j = 0; j < G; ++j) {
+      a[b][j] = _mm256_mul_ps(_mm256_loadu_ps(acc + b * d + 8 * (g0 + j)), scale);
+    }
+  }
+  for (int t = 0; t < n; ++t) {
+    const uint8_t* c = codes + t * code_stride + g0 * B;
+    __m256 x[G];
+    for (int j = 0; j < G; ++j) x[j] = lookup_group<B>(c + j * B, shifts, low_table, high_table);
+    for (int b = 0; b < R; ++b) {
+      const __m256 wt = _mm256_broadcast_ss(w + b * kTileTokens + t);
+      for (int j = 0; j < G; ++j) a[b][j] = _mm256_fmadd_ps(wt, x[j], a[b][j]);
+    }
+  }
+  for (int b = 0; b < R; ++b) {
+    for (int j = 0; j < G; ++j) _mm256_storeu_ps(acc + b * d + 8 * (g0 + j), a[b][j]);
+  }
+}
+
+template <int B, int R>
+void accumulate_codes_bits(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
+                           float* acc, const float* alpha, const float* w, int d, int n) {
+  const int groups = d / 8;
+  int g = 0;
+  for (; g + 2 <= groups; g += 2) {
+    accumulate_code_groups<B, R, 2>(seg, codes, code_stride, g, acc, alpha, w, d, n);
+  }
+  if (g < groups) accumulate_code_groups<B, R, 1>(seg, codes, code_stride, g, acc, alpha, w, d, n);
+}
+
+// Calls fn.template operator()<B, R>() for the segment's bits and rows (1..4 each).
+template <class Fn>
+void dispatch_bits_rows(int bits, int rows, Fn&& fn) {
+  auto with_rows = [&]<int B>() {
+    switch (rows) {
+      case 1:
+        return fn.template operator()<B, 1>();
+      case 2:
+        return fn.template operator()<B, 2>();
+      case 3:
+        return fn.template operator()<B, 3>();
+      default:
+        return fn.template operator()<B, 4>();
+    }
+  };
+  switch (bits) {
+    case 1:
+      return with_rows.template operator()<1>();
+    case 2:
+      return with_rows.template operator()<2>();
+    case 3:
+      return with_rows.template operator()<3>();
+    default:
+      return with_rows.template operator()<4>();
+  }
+}
+
 template <int B, bool kApplyNorm>
 void decode_tile_bits(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
                       const uint16_t* norms, int norm_stride, int n, float* out, int d,
                       float* norms_out) {
-  const __m256i shifts = _mm256_setr_epi32(0, B, 2 * B, 3 * B, 4 * B, 5 * B, 6 * B, 7 * B);
-  const __m256i mask = _mm256_set1_epi32((1 << B) - 1);
+  const __m256i shifts = group_shifts<B>();
   const __m256 low_table = _mm256_load_ps(seg.centroids);
   const __m256 high_table = _mm256_load_ps(seg.centroids + 8);
   const int groups = seg.dim / 8;
@@ -38,19 +167,37 @@ void decode_tile_bits(const CodeSegment& seg, const uint8_t* codes, size_t code_
     if constexpr (!kApplyNorm) norms_out[i] = norm;
 #pragma GCC unroll 4
     for (int g = 0; g < groups; ++g) {
-      const __m256i idx =
-          _mm256_and_si256(_mm256_srlv_epi32(load_group_word(vector_codes + g * B), shifts), mask);
-      __m256 c = _mm256_permutevar8x32_ps(low_table, idx);
-      if constexpr (B == 4) {
-        const __m256 high = _mm256_permutevar8x32_ps(high_table, idx);
-        c = _mm256_blendv_ps(c, high, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
-      }
+      const __m256 c = lookup_group<B>(vector_codes + g * B, shifts, low_table, high_table);
       _mm256_storeu_ps(row + 8 * g, kApplyNorm ? _mm256_mul_ps(c, scale) : c);
     }
   }
 }
 
 struct RegisterDecoder {
+  static constexpr bool kFused = true;
+
+  static void norms(const uint16_t* norms, int n, float* out) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+      _mm256_storeu_ps(
+          out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(norms + i))));
+    }
+    for (; i < n; ++i) out[i] = _cvtsh_ss(norms[i]);
+  }
+  static void score_codes(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
+                          int rows, const float* q, int d, int n, float* scores) {
+    dispatch_bits_rows(seg.bits, rows, [&]<int B, int R>() {
+      score_codes_bits<B, R>(seg, codes, code_stride, q, d, n, scores);
+    });
+  }
+  static void accumulate_codes(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
+                               int rows, float* acc, const float* alpha, const float* w, int d,
+                               int n) {
+    dispatch_bits_rows(seg.bits, rows, [&]<int B, int R>() {
+      accumulate_codes_bits<B, R>(seg, codes, code_stride, acc, alpha, w, d, n);
+    });
+  }
+
   static void decode_tile(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
                           const uint16_t* norms, int norm_stride, int n, float* out, int d,
                           float* norms_out) {
