@@ -1,8 +1,12 @@
 // Attention on TurboQuant codes, AVX2 path. Codes of up to 4 bits are decoded 8 at a time in
 // registers: the codec's LSB-first layout (quant/bitpack.h) puts 8 codes in b bytes, so one
-// 32-bit load, a broadcast, vpsrlvd and vpand give 8 indices; vpermps looks them up in the
-// codebook (two lookups and a blend on bit 3 for 16 centroids). Wider codes go through the
-// codec's decode_rotated.
+// 32-bit broadcast load and vpsrlvd give 8 indices; vpermps looks them up in the codebook
+// (16 centroids: two lookups and a blend on bit 3, or one AVX-512VL vpermi2ps where the CPU
+// has it). Decode (one query) looks centroids up right where they are multiplied: each group
+// of 8 feeds the multiply-adds of all GQA rows, nothing is written to memory. Prefill decodes
+// a tile into scratch once for all its queries. Wider codes go through the codec's
+// decode_rotated.
+#include <atomic>
 #include <cstring>
 
 #include "core/half.h"
@@ -34,9 +38,47 @@ inline __m256 lookup_group(const uint8_t* p, __m256i shifts, __m256 low_table, _
   return _mm256_blendv_ps(c, high, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
 }
 
+std::atomic<bool> avx512vl_lookups_allowed{true};
+
+bool use_avx512vl_lookups() {
+  static const bool has_avx512vl = __builtin_cpu_supports("avx512vl");
+  return has_avx512vl && avx512vl_lookups_allowed.load(std::memory_order_relaxed);
+}
+
+// B = 4 with AVX-512VL: vpermi2ps looks up all 16 centroids at once (bits 0-3 of the index).
+// Written as inline assembly so this translation unit keeps AVX2 flags; only called after
+// has_avx512vl().
+inline __m256 lookup_group16_vl(const uint8_t* p, __m256i shifts, __m256 low_table,
+                                __m256 high_table) {
+  __m256 idx = _mm256_castsi256_ps(_mm256_srlv_epi32(load_group_word(p), shifts));
+  asm("vpermi2ps %2, %1, %0" : "+x"(idx) : "x"(low_table), "x"(high_table));
+  return idx;
+}
+
 template <int B>
 __m256i group_shifts() {
   return _mm256_setr_epi32(0, B, 2 * B, 3 * B, 4 * B, 5 * B, 6 * B, 7 * B);
+}
+
+// scores[b][t, t + 1] = the sums of a0[b] and a1[b] for b < R, reduced together: four hadds
+// pair the rows' two tokens, two more and one cross-lane add give
+// [r0t0 r0t1 r1t0 r1t1 | r2t0 r2t1 r3t0 r3t1].
+template <int R>
+inline void store_pair_sums(const __m256* a0, const __m256* a1, float* scores) {
+  const __m256 h0 = _mm256_hadd_ps(a0[0], a1[0]);
+  const __m256 h1 = _mm256_hadd_ps(a0[1], a1[1]);
+  const __m256 h2 = _mm256_hadd_ps(a0[2], a1[2]);
+  const __m256 h3 = _mm256_hadd_ps(a0[3], a1[3]);
+  const __m256 k01 = _mm256_hadd_ps(h0, h1);
+  const __m256 k23 = _mm256_hadd_ps(h2, h3);
+  const __m256 sums =
+      _mm256_add_ps(_mm256_permute2f128_ps(k01, k23, 0x20), _mm256_permute2f128_ps(k01, k23, 0x31));
+  const __m128 rows01 = _mm256_castps256_ps128(sums);
+  const __m128 rows23 = _mm256_extractf128_ps(sums, 1);
+  _mm_storel_pi(reinterpret_cast<__m64*>(scores), rows01);
+  if constexpr (R > 1) _mm_storeh_pi(reinterpret_cast<__m64*>(scores + kTileTokens), rows01);
+  if constexpr (R > 2) _mm_storel_pi(reinterpret_cast<__m64*>(scores + 2 * kTileTokens), rows23);
+  if constexpr (R > 3) _mm_storeh_pi(reinterpret_cast<__m64*>(scores + 3 * kTileTokens), rows23);
 }
 
 // scores[b][t] = <q_b, centroids of token t>, two tokens at a time: each looked-up group of 8
@@ -52,8 +94,8 @@ void score_codes_bits(const CodeSegment& seg, const uint8_t* codes, size_t code_
   for (; t + 2 <= n; t += 2) {
     const uint8_t* c0 = codes + t * code_stride;
     const uint8_t* c1 = c0 + code_stride;
-    __m256 a0[R], a1[R];
-    for (int b = 0; b < R; ++b) a0[b] = a1[b] = _mm256_setzero_ps();
+    __m256 a0[4], a1[4];  // rows past R stay zero
+    for (int b = 0; b < 4; ++b) a0[b] = a1[b] = _mm256_setzero_ps();
     for (int g = 0; g < groups; ++g) {
       const __m256 x0 = lookup_group<B>(c0 + g * B, shifts, low_table, high_table);
       const __m256 x1 = lookup_group<B>(c1 + g * B, shifts, low_table, high_table);
@@ -63,13 +105,7 @@ void score_codes_bits(const CodeSegment& seg, const uint8_t* codes, size_t code_
         a1[b] = _mm256_fmadd_ps(qv, x1, a1[b]);
       }
     }
-    for (int b = 0; b < R; ++b) {
-      const __m256 h = _mm256_hadd_ps(a0[b], a1[b]);
-      __m128 x = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-      x = _mm_hadd_ps(x, x);
-      scores[b * kTileTokens + t] = _mm_cvtss_f32(x);
-      scores[b * kTileTokens + t + 1] = _mm_cvtss_f32(_mm_movehdup_ps(x));
-    }
+    store_pair_sums<R>(a0, a1, scores + t);
   }
   for (; t < n; ++t) {
     const uint8_t* c0 = codes + t * code_stride;
@@ -86,7 +122,7 @@ void score_codes_bits(const CodeSegment& seg, const uint8_t* codes, size_t code_
 
 // acc[b][8G columns from group g0] = acc * alpha[b] + sum_t w[b][t] * centroids, the R x G
 // accumulators held in registers over the tokens: each looked-up group feeds R multiply-adds.
-template <int B, int R, int G>
+template <int B, int R, int G, bool kVl>
 void accumulate_code_groups(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
                             int g0, float* acc, const float* alpha, const float* w, int d, int n) {
   const __m256i shifts = group_shifts<B>();
@@ -102,7 +138,13 @@ void accumulate_code_groups(const CodeSegment& seg, const uint8_t* codes, size_t
   for (int t = 0; t < n; ++t) {
     const uint8_t* c = codes + t * code_stride + g0 * B;
     __m256 x[G];
-    for (int j = 0; j < G; ++j) x[j] = lookup_group<B>(c + j * B, shifts, low_table, high_table);
+    for (int j = 0; j < G; ++j) {
+      if constexpr (B == 4 && kVl) {
+        x[j] = lookup_group16_vl(c + j * B, shifts, low_table, high_table);
+      } else {
+        x[j] = lookup_group<B>(c + j * B, shifts, low_table, high_table);
+      }
+    }
     for (int b = 0; b < R; ++b) {
       const __m256 wt = _mm256_broadcast_ss(w + b * kTileTokens + t);
       for (int j = 0; j < G; ++j) a[b][j] = _mm256_fmadd_ps(wt, x[j], a[b][j]);
@@ -113,15 +155,17 @@ void accumulate_code_groups(const CodeSegment& seg, const uint8_t* codes, size_t
   }
 }
 
-template <int B, int R>
+template <int B, int R, bool kVl>
 void accumulate_codes_bits(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
                            float* acc, const float* alpha, const float* w, int d, int n) {
   const int groups = d / 8;
   int g = 0;
   for (; g + 2 <= groups; g += 2) {
-    accumulate_code_groups<B, R, 2>(seg, codes, code_stride, g, acc, alpha, w, d, n);
+    accumulate_code_groups<B, R, 2, kVl>(seg, codes, code_stride, g, acc, alpha, w, d, n);
   }
-  if (g < groups) accumulate_code_groups<B, R, 1>(seg, codes, code_stride, g, acc, alpha, w, d, n);
+  if (g < groups) {
+    accumulate_code_groups<B, R, 1, kVl>(seg, codes, code_stride, g, acc, alpha, w, d, n);
+  }
 }
 
 // Calls fn.template operator()<B, R>() for the segment's bits and rows (1..4 each).
@@ -193,8 +237,13 @@ struct RegisterDecoder {
   static void accumulate_codes(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
                                int rows, float* acc, const float* alpha, const float* w, int d,
                                int n) {
+    const bool vl = use_avx512vl_lookups();
     dispatch_bits_rows(seg.bits, rows, [&]<int B, int R>() {
-      accumulate_codes_bits<B, R>(seg, codes, code_stride, acc, alpha, w, d, n);
+      if (vl) {
+        accumulate_codes_bits<B, R, true>(seg, codes, code_stride, acc, alpha, w, d, n);
+      } else {
+        accumulate_codes_bits<B, R, false>(seg, codes, code_stride, acc, alpha, w, d, n);
+      }
     });
   }
 
@@ -281,6 +330,10 @@ struct UniformRegisterDecoder {
 void attention_uniform_avx2(const UniformKVView& kv, const AttentionQueries& queries,
                             const AttentionParams& params, float* out) {
   attention_uniform_on<Avx2Isa, UniformRegisterDecoder>(kv, queries, params, out);
+}
+
+void allow_avx512vl_lookups(bool allowed) {
+  avx512vl_lookups_allowed.store(allowed, std::memory_order_relaxed);
 }
 
 void attention_turboquant_avx2(const TurboQuantKVView& kv, const AttentionQueries& queries,
