@@ -123,8 +123,11 @@ void score_codes_bits(const CodeSegment& seg, const uint8_t* codes, size_t code_
 // acc[b][8G columns from group g0] = acc * alpha[b] + sum_t w[b][t] * centroids, the R x G
 // accumulators held in registers over the tokens: each looked-up group feeds R multiply-adds.
 template <int B, int R, int G, bool kVl>
-__attribute__((always_inline)) inline void accumulate_code_groups(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
-                            int g0, float* acc, const float* alpha, const float* w, int d, int n) {
+__attribute__((always_inline)) inline void accumulate_code_groups(const CodeSegment& seg,
+                                                                  const uint8_t* codes,
+                                                                  size_t code_stride, int g0,
+                                                                  float* acc, const float* alpha,
+                                                                  const float* w, int d, int n) {
   const __m256i shifts = group_shifts<B>();
   const __m256 low_table = _mm256_load_ps(seg.centroids);
   const __m256 high_table = _mm256_load_ps(seg.centroids + 8);
