@@ -6,6 +6,7 @@
 
 #include "attention_harness.h"
 #include "core/error.h"
+#include "kernels/cpu/attention_entry.h"
 #include "kv/turboquant_kv_cache.h"
 
 namespace turbokv {
@@ -38,11 +39,18 @@ TEST(TurboQuantAttention, EveryIsaMatchesReferenceOnDequantizedCache) {
     const std::string name =
         "turboquant K" + std::to_string(config.key_bits) + " V" + std::to_string(config.value_bits);
     for (AttentionIsa isa : {AttentionIsa::kScalar, AttentionIsa::kAvx2}) {
-      auto got = testing::output_buffer(c);
-      attention_turboquant(cache.view(), AttentionQueries{in.q.data(), c.n_q, c.n_past}, c.params(),
-                           got.data(), isa);
-      testing::expect_attention_close(c, expected, got, 1e-4,
-                                      name + (isa == AttentionIsa::kAvx2 ? " avx2" : " scalar"));
+      // AVX2 runs with and without the AVX-512VL codebook lookups (the same without that CPU).
+      for (bool avx512vl : {true, false}) {
+        attention_detail::allow_avx512vl_lookups(avx512vl);
+        auto got = testing::output_buffer(c);
+        attention_turboquant(cache.view(), AttentionQueries{in.q.data(), c.n_q, c.n_past},
+                             c.params(), got.data(), isa);
+        testing::expect_attention_close(c, expected, got, 1e-4,
+                                        name + (isa == AttentionIsa::kScalar ? " scalar"
+                                                : avx512vl                   ? " avx512vl"
+                                                                             : " avx2"));
+      }
+      attention_detail::allow_avx512vl_lookups(true);
     }
     auto via_cache = testing::output_buffer(c);
     cache.attend(in.q.data(), c.n_q, c.params(), via_cache.data());

@@ -35,6 +35,7 @@ struct VectorDecoder {
   int n_segments = 0;
   size_t code_bytes = 0;
   int norms_per_vector = 0;
+  bool fusable = false;  // one segment of <= 4 bits, dim % 8 == 0: lookups in registers
 };
 
 inline VectorDecoder make_vector_decoder(const quant::TurboQuantCodec& codec) {
@@ -59,6 +60,8 @@ inline VectorDecoder make_vector_decoder(const quant::TurboQuantCodec& codec) {
     add(split.high(), 0, 0, 0);
     add(split.low(), split.high().code_bytes(), 1, split.high_dim());
   }
+  const CodeSegment& first = decoder.segments[0];
+  decoder.fusable = decoder.n_segments == 1 && first.bits <= 4 && first.dim % 8 == 0;
   return decoder;
 }
 
@@ -69,6 +72,17 @@ inline VectorDecoder make_vector_decoder(const quant::TurboQuantCodec& codec) {
 // writing, for token i < n, the centroids[code] of the segment's dim codes to out + i * d:
 // times norm_i when norms_out is null (what MseCodec::decode_rotated computes per vector),
 // else unscaled, with norm_i stored to norms_out[i].
+// A Decoder with kFused = true also works on the codes of a one-segment (fusable) codec
+// without a decoded tile (FusedTiles in attention_core.h), the factor of each token being its
+// norm (d = the segment's dim):
+//   static void norms(const uint16_t* norms, int n, float* out): out[i] = norms[i] as float;
+//   static void score_codes(const CodeSegment&, const uint8_t* codes, size_t code_stride,
+//                           int rows, const float* q, int d, int n, float* scores)
+//     scores[b][t] = <q_b, centroids[codes of token t]> ([rows, kTileTokens]);
+//   static void accumulate_codes(const CodeSegment&, const uint8_t* codes, size_t code_stride,
+//                                int rows, float* acc, const float* alpha, const float* w,
+//                                int d, int n)
+//     acc[b] = acc[b] * alpha[b] + sum_t w[b][t] * centroids[codes of token t].
 template <class Decoder>
 struct CodeTiles {
   const TurboQuantKVView* kv;
@@ -96,6 +110,30 @@ struct CodeTiles {
   TileRows values(int h, int64_t t0, int n, float* scratch, float* scale_scratch) const {
     return decode(kv->values, value_decoders[h], h * kv->head_stride + t0, n, scratch,
                   scale_scratch);
+  }
+  bool fused(int h) const requires(Decoder::kFused) {
+    return key_decoders[h].fusable && value_decoders[h].fusable;
+  }
+  void fused_scores(int h, int64_t t0, int n, int rows, const float* q, float* scores,
+                    float* key_scale) const requires(Decoder::kFused) {
+    const VectorDecoder& decoder = key_decoders[h];
+    const int64_t first_row = h * kv->head_stride + t0;
+    Decoder::score_codes(decoder.segments[0], kv->keys.codes + first_row * decoder.code_bytes,
+                         decoder.code_bytes, rows, q, kv->head_dim, n, scores);
+    Decoder::norms(kv->keys.norms + first_row, n, key_scale);
+  }
+  const float* value_scale(int h, int64_t t0, int n, float* value_scale) const
+      requires(Decoder::kFused) {
+    Decoder::norms(kv->values.norms + h * kv->head_stride + t0, n, value_scale);
+    return value_scale;
+  }
+  void fused_accumulate(int h, int64_t t0, int n, int rows, float* acc, const float* alpha,
+                        const float* w) const requires(Decoder::kFused) {
+    const VectorDecoder& decoder = value_decoders[h];
+    const int64_t first_row = h * kv->head_stride + t0;
+    Decoder::accumulate_codes(decoder.segments[0],
+                              kv->values.codes + first_row * decoder.code_bytes, decoder.code_bytes,
+                              rows, acc, alpha, w, kv->head_dim, n);
   }
   void prefetch(int h, int64_t t0, int n) const {
     const int64_t row = h * kv->head_stride + t0;

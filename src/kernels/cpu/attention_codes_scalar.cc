@@ -10,6 +10,7 @@ namespace attention_detail {
 namespace {
 
 struct CodecDecoder {
+  static constexpr bool kFused = false;
   static void decode_tile(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
                           const uint16_t* norms, int norm_stride, int n, float* out, int d,
                           float* norms_out) {

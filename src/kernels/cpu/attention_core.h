@@ -7,7 +7,9 @@
 //          (dense: the stored values; TurboQuant: norm * centroids in the rotated frame).
 //          A tile is at most kTileTokens tokens: the only decoded state is that per-tile
 //          scratch, never a copy of the cache. tiles.prefetch(h, t0, n) hints the tokens
-//          read kPrefetchTiles tiles ahead.
+//          read kPrefetchTiles tiles ahead. Optionally (FusedTiles) a source can score and
+//          accumulate straight from its codes for one query's rows (decode), with nothing
+//          decoded to memory: tiles.fused(h) says whether it can for KV head h.
 //
 // Work is split (STYLE habit 5) into items = (KV head, block of queries, key split). An item
 // runs one pass over its keys for every query row of its KV head's group (GQA: the G query
@@ -18,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -31,12 +34,11 @@
 namespace turbokv::attention_detail {
 namespace {
 
-constexpr int kTileTokens = 16;  // keys decoded and scored together
-constexpr int kQueryBlock = 16;  // queries per work item (times G rows)
-constexpr int64_t kSplitTokens = 512;
+constexpr int kTileTokens = 16;        // keys decoded and scored together
+constexpr int kQueryBlock = 16;        // queries per work item (times G rows)
+constexpr int64_t kSplitTokens = 512;  // keys per split when one query block covers all queries
 constexpr int kPrefetchTiles = 2;
-constexpr int kRowBlock = 4;  // query rows (GQA heads of one query) sharing each loaded element  //
-                              // keys per split when one query block covers all queries
+constexpr int kRowBlock = 4;  // query rows (GQA heads of one query) sharing each loaded element
 
 // A decoded tile: rows [n, d]; scale [n] multiplies each row, nullptr for none.
 struct TileRows {
@@ -113,6 +115,17 @@ struct SoftmaxStates {
   }
 };
 
+// A tile source that can work on its codes without a decoded tile, for the rows of one query:
+//   fused_scores(h, t0, n, rows, q, scores, key_scale): scores[b][t] = <q_b, unscaled key t>
+//     for b < rows, t < n ([rows, kTileTokens]); key_scale[t] = the factor of key t;
+//   value_scale(h, t0, n, value_scale): value_scale[t] = the factor of value t;
+//   fused_accumulate(h, t0, n, rows, acc, alpha, w): acc[b] = acc[b] * alpha[b] +
+//     sum_t w[b][t] * unscaled value t (the contract of Isa::accumulate_block).
+template <class Tiles>
+concept FusedTiles = requires(const Tiles& tiles) {
+  { tiles.fused(0) } -> std::same_as<bool>;
+};
+
 // Keys [k_begin, k_end) (token indices) that any query of [q_begin, q_end) may see.
 inline void visible_key_range(const AttendProblem& p, int q_begin, int q_end, int64_t* k_begin,
                               int64_t* k_end) {
@@ -145,6 +158,8 @@ void attend_item(const Tiles& tiles, const AttendProblem& p, int h, int q_begin,
   alignas(32) float key_scale_scratch[kTileTokens] = {};  // entries past n stay finite
   alignas(32) float value_scale_scratch[kTileTokens] = {};
   const float neg_inf = -std::numeric_limits<float>::infinity();
+  bool fused = false;  // one query: score and accumulate on the codes, no decoded tile
+  if constexpr (FusedTiles<Tiles>) fused = D > 0 && q_end - q_begin == 1 && tiles.fused(h);
 
   for (int64_t t0 = k_begin; t0 < k_end; t0 += kTileTokens) {
     const int n = static_cast<int>(std::min<int64_t>(kTileTokens, k_end - t0));
@@ -153,8 +168,10 @@ void attend_item(const Tiles& tiles, const AttendProblem& p, int h, int q_begin,
     if (ahead < k_end) {
       tiles.prefetch(h, ahead, static_cast<int>(std::min<int64_t>(kTileTokens, k_end - ahead)));
     }
-    const TileRows keys = tiles.keys(h, t0, n, key_tile_buffer, key_scale_scratch);
+    TileRows keys;
+    if (!fused) keys = tiles.keys(h, t0, n, key_tile_buffer, key_scale_scratch);
     TileRows values;
+    bool values_ready = false;
     for (int qi = q_begin; qi < q_end; ++qi) {
       const int64_t q_pos = p.q_first_pos + qi;
       // Visible tile tokens form one interval [lo, hi).
@@ -169,7 +186,13 @@ void attend_item(const Tiles& tiles, const AttendProblem& p, int h, int q_begin,
         const int block = std::min(kRowBlock, group - g0);
         const int first_row = (qi - q_begin) * group + g0;
         const float* q = p.q + (static_cast<int64_t>(qi) * p.n_heads + h * group + g0) * d;
-        Isa::template dot_block<D>(block, q, keys.rows, n, d, scores[0]);
+        if constexpr (FusedTiles<Tiles>) {
+          if (fused) {
+            tiles.fused_scores(h, t0, n, block, q, scores[0], key_scale_scratch);
+            keys.scale = key_scale_scratch;
+          }
+        }
+        if (!fused) Isa::template dot_block<D>(block, q, keys.rows, n, d, scores[0]);
         for (int b = 0; b < block; ++b) {
           float* s = scores[b];
           Isa::scale_scores(s, keys.scale, p.scale);
@@ -189,16 +212,23 @@ void attend_item(const Tiles& tiles, const AttendProblem& p, int h, int q_begin,
           state.l[r] = state.l[r] * alpha[b] + tile_sum;
           state.m[r] = new_m;
         }
-        if (values.rows == nullptr) {
-          values = tiles.values(h, t0, n, value_tile_buffer, value_scale_scratch);
+        if (!values_ready) {
+          if constexpr (FusedTiles<Tiles>) {
+            if (fused) values = {nullptr, tiles.value_scale(h, t0, n, value_scale_scratch)};
+          }
+          if (!fused) values = tiles.values(h, t0, n, value_tile_buffer, value_scale_scratch);
+          values_ready = true;
         }
         const float* w = scores[0];
         if (values.scale != nullptr) {
           for (int b = 0; b < block; ++b) Isa::multiply(scores[b], values.scale, weights[b]);
           w = weights[0];
         }
-        Isa::template accumulate_block<D>(block, &state.acc[static_cast<size_t>(first_row) * d],
-                                          alpha, w, values.rows, n, d);
+        float* acc = &state.acc[static_cast<size_t>(first_row) * d];
+        if constexpr (FusedTiles<Tiles>) {
+          if (fused) tiles.fused_accumulate(h, t0, n, block, acc, alpha, w);
+        }
+        if (!fused) Isa::template accumulate_block<D>(block, acc, alpha, w, values.rows, n, d);
       }
     }
   }
