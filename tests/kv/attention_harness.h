@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention.h"
+#include "tests/common/random.h"
 
 namespace turbokv::testing {
 
@@ -59,14 +60,6 @@ inline std::vector<AttentionCase> attention_cases() {
   cases.push_back({16, 2, 2, 40, 24, 8, 50.0f});  // hf-tiny shape: d 16, gemma2 cap, window 8
   cases.push_back({40, 1, 3, 37, 5});             // d not a multiple of 8: scalar only
   return cases;
-}
-
-inline std::vector<float> random_normal(size_t n, uint32_t seed, float stddev = 1.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> normal(0.0f, stddev);
-  std::vector<float> x(n);
-  for (auto& value : x) value = normal(gen);
-  return x;
 }
 
 // Random post-RoPE-like inputs of a case: k, v [n_tokens, kv_heads, d], q [n_q, n_heads, d].

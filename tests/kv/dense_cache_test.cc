@@ -7,17 +7,10 @@
 
 #include "core/error.h"
 #include "kv/dense_kv_cache.h"
+#include "tests/common/random.h"
 
 namespace turbokv {
 namespace {
-
-std::vector<float> random_vector(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(n);
-  for (auto& value : x) value = normal(gen);
-  return x;
-}
 
 TEST(ReferenceAttention, MatchesHandComputedSoftmax) {
   // q = [1, 0]; keys [1, 0], [0, 1]; values [1, 2], [3, 4]; scale 1 -> scores 1, 0.
@@ -56,9 +49,9 @@ TEST(RotatingKVCache, ChunkLongerThanWindowSeesEachQueryWindow) {
   RotatingKVCache rotating(kv_heads, d, window, KVDType::kF32);
   int64_t pos = 0;
   for (int chunk : {3, 12, 1, 1, 7, 300, 2}) {
-    const auto k = random_vector(size_t(chunk) * kv_heads * d, 10 + pos);
-    const auto v = random_vector(size_t(chunk) * kv_heads * d, 20 + pos);
-    const auto q = random_vector(size_t(chunk) * heads * d, 30 + pos);
+    const auto k = testing::random_normal(size_t(chunk) * kv_heads * d, 10 + pos);
+    const auto v = testing::random_normal(size_t(chunk) * kv_heads * d, 20 + pos);
+    const auto q = testing::random_normal(size_t(chunk) * heads * d, 30 + pos);
     full.append(k.data(), v.data(), chunk);
     rotating.append(k.data(), v.data(), chunk);
     pos += chunk;
@@ -75,13 +68,13 @@ TEST(RotatingKVCache, TrimWithinHeldPositionsElseUnsupported) {
   const int kv_heads = 1, d = 8, window = 4;
   RotatingKVCache cache(kv_heads, d, window, KVDType::kF32);
   DenseKVCache full(kv_heads, d, KVDType::kF32);
-  const auto kv = random_vector(size_t(600) * d, 3);
+  const auto kv = testing::random_normal(size_t(600) * d, 3);
   cache.append(kv.data(), kv.data(), 300);  // holds all 300 (no eviction needed yet)
   full.append(kv.data(), kv.data(), 300);
   cache.trim(5);
   full.trim(5);
   EXPECT_EQ(cache.size(), 295);
-  const auto q = random_vector(size_t(2) * d, 4);
+  const auto q = testing::random_normal(size_t(2) * d, 4);
   std::vector<float> a(2 * d), b(2 * d);
   const AttentionParams params{2, 0.3f, 0, window};
   cache.attend(q.data(), 1, params, a.data());

@@ -14,17 +14,10 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/rope.h"
+#include "tests/common/random.h"
 
 namespace turbokv {
 namespace {
-
-std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
 
 // Weight storage in a dtype; keeps the bytes alive for the WeightMatrix view.
 struct StoredWeight {
@@ -67,9 +60,10 @@ class MatmulTest : public ::testing::TestWithParam<MatmulCase> {};
 
 TEST_P(MatmulTest, MatchesReference) {
   const MatmulCase c = GetParam();
-  const StoredWeight w = store(random_vector(size_t(c.rows * c.cols), 1), c.rows, c.cols, c.dtype);
-  const std::vector<float> x = random_vector(size_t(c.m * c.cols), 2);
-  const std::vector<float> bias = random_vector(size_t(c.rows), 3);
+  const StoredWeight w =
+      store(testing::random_normal(size_t(c.rows * c.cols), 1), c.rows, c.cols, c.dtype);
+  const std::vector<float> x = testing::random_normal(size_t(c.m * c.cols), 2);
+  const std::vector<float> bias = testing::random_normal(size_t(c.rows), 3);
   // One guard element past the end catches out-of-bounds writes.
   std::vector<float> got(size_t(c.m * c.rows) + 1, 7.0f), want(size_t(c.m * c.rows));
   matmul(x.data(), c.m, w.view, bias.data(), got.data());
@@ -88,12 +82,12 @@ INSTANTIATE_TEST_SUITE_P(
                       MatmulCase{DType::BF16, 300, 260, 128}));
 
 TEST(Matmul, ManyProductsInOneRegionMatchEachReference) {
-  const StoredWeight a = store(random_vector(40 * 24, 20), 40, 24, DType::BF16);
-  const StoredWeight b = store(random_vector(3 * 24, 21), 3, 24, DType::F32);
-  const StoredWeight c = store(random_vector(70 * 24, 22), 70, 24, DType::F16);
-  const std::vector<float> bias = random_vector(70, 23);
+  const StoredWeight a = store(testing::random_normal(40 * 24, 20), 40, 24, DType::BF16);
+  const StoredWeight b = store(testing::random_normal(3 * 24, 21), 3, 24, DType::F32);
+  const StoredWeight c = store(testing::random_normal(70 * 24, 22), 70, 24, DType::F16);
+  const std::vector<float> bias = testing::random_normal(70, 23);
   for (int64_t m : {1, 5, 20}) {
-    const std::vector<float> x = random_vector(size_t(m * 24), 24);
+    const std::vector<float> x = testing::random_normal(size_t(m * 24), 24);
     std::vector<float> ya(size_t(m * 40)), yb(size_t(m * 3)), yc(size_t(m * 70));
     const MatmulJob jobs[] = {{x.data(), a.view, nullptr, ya.data()},
                               {x.data(), b.view, bias.data(), yb.data()},
@@ -108,8 +102,8 @@ TEST(Matmul, ManyProductsInOneRegionMatchEachReference) {
 }
 
 TEST(Matmul, RowSliceIsTheSubMatrix) {
-  const StoredWeight w = store(random_vector(12 * 8, 4), 12, 8, DType::BF16);
-  const std::vector<float> x = random_vector(8, 5);
+  const StoredWeight w = store(testing::random_normal(12 * 8, 4), 12, 8, DType::BF16);
+  const std::vector<float> x = testing::random_normal(8, 5);
   std::vector<float> all(12), part(4);
   matmul_ref(x.data(), 1, w.view, nullptr, all.data());
   matmul(x.data(), 1, w.view.row_slice(6, 4), nullptr, part.data());
@@ -118,7 +112,7 @@ TEST(Matmul, RowSliceIsTheSubMatrix) {
 
 TEST(Matmul, WidenAndGatherMatchReference) {
   for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
-    const StoredWeight w = store(random_vector(10 * 21, 6), 10, 21, dtype);
+    const StoredWeight w = store(testing::random_normal(10 * 21, 6), 10, 21, dtype);
     std::vector<float> got(3 * 21), want(3 * 21);
     widen_rows(w.view, 4, 3, got.data());
     widen_rows_ref(w.view, 4, 3, want.data());
@@ -131,7 +125,7 @@ TEST(Matmul, WidenAndGatherMatchReference) {
 }
 
 TEST(Matmul, GatherRejectsIdsOutsideTheTable) {
-  const StoredWeight w = store(random_vector(10 * 4, 7), 10, 4, DType::F32);
+  const StoredWeight w = store(testing::random_normal(10 * 4, 7), 10, 4, DType::F32);
   std::vector<float> out(4);
   const int32_t bad[] = {10};
   EXPECT_THROW(gather_rows(w.view, bad, 1, 1.0f, out.data()), InvalidArgument);
@@ -146,8 +140,8 @@ TEST(Matmul, RejectsIntegerWeights) {
 
 TEST(RmsNorm, MatchesReferenceAndDefinition) {
   for (int64_t dim : {16, 64, 77, 512}) {
-    const std::vector<float> x = random_vector(size_t(3 * dim), 8, 3.0f);
-    const std::vector<float> w = random_vector(size_t(dim), 9);
+    const std::vector<float> x = testing::random_normal(size_t(3 * dim), 8, 3.0f);
+    const std::vector<float> w = testing::random_normal(size_t(dim), 9);
     std::vector<float> got(x.size()), want(x.size());
     rms_norm(x.data(), 3, dim, w.data(), 1e-6f, got.data());
     rms_norm_ref(x.data(), 3, dim, w.data(), 1e-6f, want.data());
@@ -166,7 +160,8 @@ TEST(Rope, MatchesReferenceAndRotatesPairs) {
   for (int i = 0; i < 8; ++i) rope.inv_freq.push_back(std::pow(10000.0f, -float(2 * i) / 16));
   rope.attention_scaling = 1.25f;
   const int64_t positions[] = {0, 1, 7, 1000, 4095};
-  std::vector<float> got = random_vector(5 * 3 * 20, 10), want = got;  // [5, 3, 20], rotary 16
+  std::vector<float> got = testing::random_normal(5 * 3 * 20, 10),
+                     want = got;  // [5, 3, 20], rotary 16
   const std::vector<float> before = got;
   apply_rope(got.data(), 5, 3, 20, positions, rope);
   apply_rope_ref(want.data(), 5, 3, 20, positions, rope);
@@ -181,7 +176,8 @@ TEST(Rope, MatchesReferenceAndRotatesPairs) {
 }
 
 TEST(Activation, MatchesReferenceAndKnownValues) {
-  const std::vector<float> gate = random_vector(1003, 11, 4.0f), up = random_vector(1003, 12);
+  const std::vector<float> gate = testing::random_normal(1003, 11, 4.0f),
+                           up = testing::random_normal(1003, 12);
   for (Activation act : {Activation::kSilu, Activation::kGeluTanh}) {
     std::vector<float> got(gate.size()), want(gate.size());
     gated_activation(gate.data(), up.data(), int64_t(gate.size()), act, got.data());
@@ -206,7 +202,7 @@ TEST(Activation, MatchesReferenceAndKnownValues) {
 }
 
 TEST(Softcap, MatchesReference) {
-  std::vector<float> got = random_vector(517, 13, 60.0f), want = got;
+  std::vector<float> got = testing::random_normal(517, 13, 60.0f), want = got;
   softcap(got.data(), int64_t(got.size()), 30.0f);
   softcap_ref(want.data(), int64_t(want.size()), 30.0f);
   for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 3e-5f);
