@@ -24,23 +24,7 @@ enum class CacheKind { kTurboQuant, kDense };
 // stages (2 tiles in flight per warp), faster when each block has few tiles; kWide: 16 warps,
 // 2 stages, faster on long splits. kAuto picks kWide from 256 tiles per split on (measured on
 // an H200, see README).
-// Experimental (timed against the two above): *RegisterValues builds every value operand from a
-// register-resident codebook (byte_perm) instead of the shared-memory table, *HalfRegister-
-// Values half of them (value words of dims 0..63), *RegisterKeys the key operands,
-// *RegisterAll both: shared-memory traffic traded for ALU work.
-enum class TQBlockShape {
-  kAuto,
-  kDeep,
-  kWide,
-  kDeepRegisterValues,
-  kWideRegisterValues,
-  kDeepHalfRegisterValues,
-  kWideHalfRegisterValues,
-  kDeepRegisterKeys,
-  kWideRegisterKeys,
-  kDeepRegisterAll,
-  kWideRegisterAll
-};
+enum class TQBlockShape { kAuto, kDeep, kWide };
 
 struct AttentionProblem {
   const float* q = nullptr;

@@ -5,8 +5,6 @@
 //  - turns each 6-bit key pair / 8-bit value pair into an f16x2 tensor-core operand with one
 //    lane-private shared-memory table lookup (conflict-free: entry e of lane L at
 //    256*e + 4L; the address is one funnel shift + LOP3 for keys, one byte_perm for values),
-//    (or, in the *RegisterValues shapes, value operands from a register-resident codebook:
-//    byte_perm on the 4-bit codes, no shared-memory access),
 //  - scores = key norm * <R q, c[idx]> (MMA), online softmax in base 2,
 //  - accumulates value norm * p * c[idx] in the rotated frame (MMA).
 // The last block of a row group to finish merges the splits and rotates back (merge.cuh).
@@ -134,106 +132,8 @@ __device__ __forceinline__ uint32_t value_operand(uint32_t lane_table, uint32_t 
   return table_load<0>(__byte_perm(word, lane_table, 0x7604u | (uint32_t(j) << 4)));
 }
 
-// The 8 key centroids split into bytes like the value codebook's (lo: low bytes, hi: high).
-struct KeyCodebook {
-  uint32_t lo[2];
-  uint32_t hi[2];
-};
-
-__device__ __forceinline__ KeyCodebook make_key_codebook(const TQKernelCodec& codec) {
-  KeyCodebook cb;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    cb.lo[r] = 0;
-    cb.hi[r] = 0;
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const uint32_t bits = __half_as_ushort(__float2half_rn(codec.key_centroids[4 * r + b]));
-      cb.lo[r] |= (bits & 0xFFu) << (8 * b);
-      cb.hi[r] |= (bits >> 8) << (8 * b);
-    }
-  }
-  return cb;
-}
-
-// The 12 bits at bit `pos` of the lane's key record (other bits garbage); pos is a
-// compile-time constant after unrolling.
-__device__ __forceinline__ uint32_t key_bits12(const uint32_t (&k)[L::kKeyWordsPerLane], int pos) {
-  const int word = pos / 32, bit = pos % 32;
-  if (bit + 12 <= 32) return k[word] >> bit;
-  return __funnelshift_r(k[word], k[word + 1 < L::kKeyWordsPerLane ? word + 1 : word], bit);
-}
-
-// The 16 value centroids (fp16, as in the table) split into bytes: byte b of lo[r] / hi[r] is
-// the low / high byte of centroid 4r + b, so byte_perm(lo[0], lo[1], idx) selects the low
-// bytes of centroids idx < 8 and byte_perm(lo[2], lo[3], idx) those of 8 + idx.
-struct ValueCodebook {
-  uint32_t lo[4];
-  uint32_t hi[4];
-};
-
-__device__ __forceinline__ ValueCodebook make_value_codebook(const TQKernelCodec& codec) {
-  ValueCodebook cb;
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    cb.lo[r] = 0;
-    cb.hi[r] = 0;
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const uint32_t bits = __half_as_ushort(__float2half_rn(codec.value_centroids[4 * r + b]));
-      cb.lo[r] |= (bits & 0xFFu) << (8 * b);
-      cb.hi[r] |= (bits >> 8) << (8 * b);
-    }
-  }
-  return cb;
-}
-
-// prmt.b32 in its default mode: a selector nibble with bit 3 set replicates the sign bit of
-// the byte its low 3 bits select.
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
-  return r;
-}
-
-// The four value operands of word w from registers: operand j = f16x2 (c[nibble 2j],
-// c[nibble 2j + 1]), the same bits as the table row of byte j.
-__device__ __forceinline__ void value_operands_from_registers(const ValueCodebook& cb, uint32_t w,
-                                                              uint32_t (&op)[4]) {
-  const uint32_t idx = w & 0x77777777u;  // each code's index inside its half of the codebook
-  const uint32_t w4 = w << 4;            // even nibbles' bit 3 at their byte's sign bit
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {  // nibbles 4h .. 4h + 3 -> operands 2h, 2h + 1
-    const uint32_t sel = h == 0 ? idx : idx >> 16;
-    // Byte k = 0xFF where nibble 4h + k has bit 3 set (centroid from the upper half).
-    const uint32_t upper = prmt(w4, w, h == 0 ? 0xD9C8u : 0xFBEAu);
-    const uint32_t lo =
-        (prmt(cb.lo[0], cb.lo[1], sel) & ~upper) | (prmt(cb.lo[2], cb.lo[3], sel) & upper);
-    const uint32_t hi =
-        (prmt(cb.hi[0], cb.hi[1], sel) & ~upper) | (prmt(cb.hi[2], cb.hi[3], sel) & upper);
-    op[2 * h] = prmt(lo, hi, 0x5140u);
-    op[2 * h + 1] = prmt(lo, hi, 0x7362u);
-  }
-}
-
-// The key operands of pairs 2kk and 2kk + 1 of a slot (four 3-bit codes, 12 contiguous bits
-// y) from registers: the codes spread to the selector's nibbles pick their centroids' bytes.
-__device__ __forceinline__ void key_operands_from_registers(const KeyCodebook& cb, uint32_t y,
-                                                            uint32_t& pair0, uint32_t& pair1) {
-  const uint32_t sel = (y & 0x7u) | ((y << 1) & 0x70u) | ((y << 2) & 0x700u) | ((y << 3) & 0x7000u);
-  const uint32_t lo = prmt(cb.lo[0], cb.lo[1], sel);
-  const uint32_t hi = prmt(cb.hi[0], cb.hi[1], sel);
-  pair0 = prmt(lo, hi, 0x5140u);
-  pair1 = prmt(lo, hi, 0x7362u);
-}
-
-// kRegisterQuads: value words of dim quads q < kRegisterQuads (of 2) take their operands from
-// the register codebook, the others from the shared-memory table; kRegisterKeys: the key
-// operands too.
-template <int kRegisterQuads, bool kRegisterKeys>
 __device__ __forceinline__ void process_tile(const char* stage, int lane, int tile_token0,
                                              const uint32_t (&qf)[8][2], uint32_t lane_table,
-                                             const KeyCodebook& kcb, const ValueCodebook& cb,
                                              float scale_log2, const BlockCoords& bc, int g,
                                              WarpState& st) {
   KeyRegs r;
@@ -244,18 +144,10 @@ __device__ __forceinline__ void process_tile(const char* stage, int lane, int ti
   for (int kk = 0; kk < 8; ++kk) {
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
-      if (kRegisterKeys) {
-        uint32_t a0, a1, a2,
-            a3;  // (slot, pair): (2mt, 2kk) (2mt+1, 2kk) (2mt, 2kk+1) (2mt+1, 2kk+1)
-        key_operands_from_registers(kcb, key_bits12(r.k, 96 * (2 * mt) + 12 * kk), a0, a2);
-        key_operands_from_registers(kcb, key_bits12(r.k, 96 * (2 * mt + 1) + 12 * kk), a1, a3);
-        mma_16816(s4[mt][kk % 2], a0, a1, a2, a3, qf[kk][0], qf[kk][1]);
-      } else {
-        mma_16816(s4[mt][kk % 2], key_operand(lane_table, r.k, 2 * mt, 2 * kk),
-                  key_operand(lane_table, r.k, 2 * mt + 1, 2 * kk),
-                  key_operand(lane_table, r.k, 2 * mt, 2 * kk + 1),
-                  key_operand(lane_table, r.k, 2 * mt + 1, 2 * kk + 1), qf[kk][0], qf[kk][1]);
-      }
+      mma_16816(s4[mt][kk % 2], key_operand(lane_table, r.k, 2 * mt, 2 * kk),
+                key_operand(lane_table, r.k, 2 * mt + 1, 2 * kk),
+                key_operand(lane_table, r.k, 2 * mt, 2 * kk + 1),
+                key_operand(lane_table, r.k, 2 * mt + 1, 2 * kk + 1), qf[kk][0], qf[kk][1]);
     }
   }
   float s[2][4];
@@ -284,20 +176,16 @@ __device__ __forceinline__ void process_tile(const char* stage, int lane, int ti
       const uint32_t words[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        uint32_t op[4];
-        if (q < kRegisterQuads) {
-          value_operands_from_registers(cb, words[i], op);
-        } else {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) op[j] = value_operand(lane_table, words[i], j);
-        }
-        mma_16816(st.acc[4 * q + i], op[0], op[1], op[2], op[3], pb[kb][0], pb[kb][1]);
+        const uint32_t w = words[i];
+        mma_16816(st.acc[4 * q + i], value_operand(lane_table, w, 0),
+                  value_operand(lane_table, w, 1), value_operand(lane_table, w, 2),
+                  value_operand(lane_table, w, 3), pb[kb][0], pb[kb][1]);
       }
     }
   }
 }
 
-template <int kWarps, int kStages, int kRegisterQuads, bool kRegisterKeys>
+template <int kWarps, int kStages>
 __global__ void __launch_bounds__(kWarps * 32, 1)
     tq_attention_kernel(const AttentionArgs a, const TQKernelCodec codec, const uint8_t* tiles,
                         int max_tiles) {
@@ -358,8 +246,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     qf[kk][1] = half2_bits(q.z, q.w);
   }
   const uint32_t lane_table = smem_base + plan.table_offset + 4 * lane;
-  const KeyCodebook kcb = make_key_codebook(codec);
-  const ValueCodebook cb = make_value_codebook(codec);
 
   WarpState st;
   st.init();
@@ -372,8 +258,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
       stage_tile(stage[kStages - 1], seq_tiles + size_t(ahead) * L::kTileBytes, lane);
     }
     cp_async_commit();
-    process_tile<kRegisterQuads, kRegisterKeys>(current, lane, t * kTileTokens, qf, lane_table, kcb,
-                                                cb, a.scale_log2, bc, g, st);
+    process_tile(current, lane, t * kTileTokens, qf, lane_table, a.scale_log2, bc, g, st);
     __syncwarp();  // every lane is done with this stage before it is refilled
     const uint32_t done = stage[0];
 #pragma unroll
@@ -385,19 +270,18 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   finish_row_group<kWarps>(a, bc, warp, lane);
 }
 
-template <int kWarps, int kStages, int kRegisterQuads, bool kRegisterKeys>
+template <int kWarps, int kStages>
 void launch_shape(const AttentionArgs& args, const TQKernelCodec& codec, const uint8_t* tiles,
                   int max_tiles, int batch, cudaStream_t stream) {
   constexpr int kSmem = TQShape<kWarps, kStages>::kSmemBytes;
   static const bool configured = [] {
-    TURBOKV_CUDA_CHECK(
-        cudaFuncSetAttribute(tq_attention_kernel<kWarps, kStages, kRegisterQuads, kRegisterKeys>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    TURBOKV_CUDA_CHECK(cudaFuncSetAttribute(tq_attention_kernel<kWarps, kStages>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     return true;
   }();
   (void)configured;
   const dim3 grid(args.splits, args.kv_heads * args.row_groups, batch);
-  tq_attention_kernel<kWarps, kStages, kRegisterQuads, kRegisterKeys>
+  tq_attention_kernel<kWarps, kStages>
       <<<grid, kWarps * 32, kSmem, stream>>>(args, codec, tiles, max_tiles);
 }
 
@@ -406,27 +290,10 @@ void launch_shape(const AttentionArgs& args, const TQKernelCodec& codec, const u
 void launch_tq_attention(const AttentionArgs& args, const TQKernelCodec& codec,
                          const uint8_t* tiles, int max_tiles, int batch, TQBlockShape shape,
                          cudaStream_t stream) {
-  switch (shape) {
-    case TQBlockShape::kWide:
-      return launch_shape<16, 2, 0, false>(args, codec, tiles, max_tiles, batch, stream);
-    case TQBlockShape::kDeepRegisterValues:
-      return launch_shape<12, 3, 2, false>(args, codec, tiles, max_tiles, batch, stream);
-    case TQBlockShape::kWideRegisterValues:
-      return launch_shape<16, 2, 2, false>(args, codec, tiles, max_tiles, batch, stream);
-    case TQBlockShape::kDeepHalfRegisterValues:
-      return launch_shape<12, 3, 1, false>(args, codec, tiles, max_tiles, batch, stream);
-    case TQBlockShape::kWideHalfRegisterValues:
-      return launch_shape<16, 2, 1, false>(args, codec, tiles, max_tiles, batch, stream);
-    case TQBlockShape::kDeepRegisterKeys:
-      return launch_shape<12, 3, 0, true>(args, codec, tiles, max_tiles, batch, stream);
-    case TQBlockShape::kWideRegisterKeys:
-      return launch_shape<16, 2, 0, true>(args, codec, tiles, max_tiles, batch, stream);
-    case TQBlockShape::kDeepRegisterAll:
-      return launch_shape<12, 3, 2, true>(args, codec, tiles, max_tiles, batch, stream);
-    case TQBlockShape::kWideRegisterAll:
-      return launch_shape<16, 2, 2, true>(args, codec, tiles, max_tiles, batch, stream);
-    default:
-      return launch_shape<12, 3, 0, false>(args, codec, tiles, max_tiles, batch, stream);
+  if (shape == TQBlockShape::kWide) {
+    launch_shape<16, 2>(args, codec, tiles, max_tiles, batch, stream);
+  } else {
+    launch_shape<12, 3>(args, codec, tiles, max_tiles, batch, stream);
   }
 }
 
