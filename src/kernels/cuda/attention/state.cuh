@@ -70,14 +70,22 @@ __device__ __forceinline__ BlockCoords block_coords(const AttentionArgs& a, int 
   return bc;
 }
 
-// Row `col` of this block's query rows: pointer into q (nullptr for padding columns).
-__device__ __forceinline__ const float* query_row(const AttentionArgs& a, const BlockCoords& bc,
-                                                  int col) {
-  const int row = bc.row_group * kColumns + col;
+// Row `col` of row group row_group's query rows: pointer into q (nullptr for padding columns).
+__device__ __forceinline__ const float* query_row(const AttentionArgs& a, int b, int kv_head,
+                                                  int row_group, int col) {
+  const int row = row_group * kColumns + col;
   if (row >= a.rows) return nullptr;
   const int qi = row / a.group;
-  const int head = bc.kv_head * a.group + row % a.group;
-  return a.q + ((size_t(bc.b) * a.n_q + qi) * a.n_heads + head) * kHeadDim;
+  const int head = kv_head * a.group + row % a.group;
+  return a.q + ((size_t(b) * a.n_q + qi) * a.n_heads + head) * kHeadDim;
+}
+
+// This lane's 4 dims of the block's query row `warp` (zeros for padding rows); needs no
+// sequence length, so it can be issued before it is known.
+__device__ __forceinline__ float4 load_query_dims(const AttentionArgs& a, int b, int kv_head,
+                                                  int row_group, int warp, int lane) {
+  const float* q = query_row(a, b, kv_head, row_group, warp);
+  return q != nullptr ? reinterpret_cast<const float4*>(q)[lane] : make_float4(0, 0, 0, 0);
 }
 
 struct WarpState {
@@ -229,16 +237,14 @@ __device__ __forceinline__ void write_block_partial(WarpState& st, float* scratc
   }
 }
 
-// Rotated query rows for the score MMA: warp w < kColumns loads row w of the block (zeros for
-// padding rows), applies R = H diag(s) * scale with butterflies across lanes (lane l holds
-// dims 4l .. 4l+3; h = 1, 2 in the lane, h >= 4 by shuffles) and stores it to q_rot[w].
-// No rotation (dense): rotate = false, scale = 1.
-__device__ __forceinline__ void load_query_row(const AttentionArgs& a, const BlockCoords& bc,
-                                               int warp, int lane, bool rotate, uint4 flips,
-                                               float scale, float (*q_rot)[kHeadDim]) {
+// Rotated query rows for the score MMA: warp w < kColumns takes row w of the block (x4: this
+// lane's dims from load_query_dims), applies R = H diag(s) * scale with butterflies across
+// lanes (lane l holds dims 4l .. 4l+3; h = 1, 2 in the lane, h >= 4 by shuffles) and stores it
+// to q_rot[w]. No rotation (dense): rotate = false, scale = 1.
+__device__ __forceinline__ void rotate_query_row(float4 x4, int warp, int lane, bool rotate,
+                                                 uint4 flips, float scale,
+                                                 float (*q_rot)[kHeadDim]) {
   if (warp >= kColumns) return;
-  const float* q = query_row(a, bc, warp);
-  float4 x4 = q != nullptr ? reinterpret_cast<const float4*>(q)[lane] : make_float4(0, 0, 0, 0);
   float o[4] = {x4.x, x4.y, x4.z, x4.w};
   if (rotate) {
     const uint32_t word = lane < 8 ? flips.x : lane < 16 ? flips.y : lane < 24 ? flips.z : flips.w;
@@ -268,6 +274,15 @@ __device__ __forceinline__ void load_query_row(const AttentionArgs& a, const Blo
   }
   reinterpret_cast<float4*>(q_rot[warp])[lane] =
       make_float4(o[0] * scale, o[1] * scale, o[2] * scale, o[3] * scale);
+}
+
+// load_query_dims + rotate_query_row.
+__device__ __forceinline__ void load_query_row(const AttentionArgs& a, const BlockCoords& bc,
+                                               int warp, int lane, bool rotate, uint4 flips,
+                                               float scale, float (*q_rot)[kHeadDim]) {
+  if (warp >= kColumns) return;
+  rotate_query_row(load_query_dims(a, bc.b, bc.kv_head, bc.row_group, warp, lane), warp, lane,
+                   rotate, flips, scale, q_rot);
 }
 
 }  // namespace turbokv::cuda::attn

@@ -185,7 +185,12 @@ __device__ __forceinline__ void process_tile(const char* stage, int lane, int ti
   }
 }
 
-template <int kWarps, int kStages>
+// kEarly: the query load is issued with the first tiles (before the sequence length), every
+// stage is refilled as soon as it is consumed (all kStages tiles in flight while the warp
+// waits, kStages - 1 while it computes, against kStages - 1 and none for the default order
+// that refills a stage just before computing on the previous one). kReleaseAcquire: blocks are
+// counted with one release/acquire atomic (finish_row_group).
+template <int kWarps, int kStages, bool kEarly, bool kReleaseAcquire>
 __global__ void __launch_bounds__(kWarps * 32, 1)
     tq_attention_kernel(const AttentionArgs a, const TQKernelCodec codec, const uint8_t* tiles,
                         int max_tiles) {
@@ -209,11 +214,16 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   }
   const int first = blockIdx.x * a.tiles_per_split + warp;
   const int prefetch_end = min((blockIdx.x + 1) * a.tiles_per_split, max_tiles);
+  constexpr int kAhead = kEarly ? kStages : kStages - 1;  // tiles in flight before the loop
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
+  for (int i = 0; i < kAhead; ++i) {
     const int t = first + i * kWarps;
     if (t < prefetch_end) stage_tile(stage[i], seq_tiles + size_t(t) * L::kTileBytes, lane);
     cp_async_commit();
+  }
+  float4 query_dims = make_float4(0, 0, 0, 0);
+  if (kEarly && warp < kColumns) {
+    query_dims = load_query_dims(a, blockIdx.z, kv_head, blockIdx.y % a.row_groups, warp, lane);
   }
   const BlockCoords bc = block_coords(a, c);
   if (bc.tile_begin >= bc.tile_end) {  // split past this sequence's end (whole block)
@@ -234,7 +244,11 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   // R q = H (s ⊙ q) * scale, one warp per query row.
   const uint4 flips = make_uint4(codec.key_sign_flips[0], codec.key_sign_flips[1],
                                  codec.key_sign_flips[2], codec.key_sign_flips[3]);
-  load_query_row(a, bc, warp, lane, true, flips, codec.hadamard_scale, q_rot);
+  if (kEarly) {
+    rotate_query_row(query_dims, warp, lane, true, flips, codec.hadamard_scale, q_rot);
+  } else {
+    load_query_row(a, bc, warp, lane, true, flips, codec.hadamard_scale, q_rot);
+  }
   __syncthreads();
   // B operands of the score MMA: k-rows 2c, 2c+1 | 2c+8, 2c+9 of chunk kk are rotated dims
   // 32c + 4kk + {0, 1} | {2, 3} (the key tile layout's pairing), column g.
@@ -250,16 +264,25 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   WarpState st;
   st.init();
   for (int t = first; t < bc.tile_end; t += kWarps) {
-    cp_async_wait<kStages - 2>();  // this tile's group is done; later ones may be in flight
+    cp_async_wait<kAhead - 1>();  // this tile's group is done; later ones may be in flight
     __syncwarp();
     const char* current = smem + (stage[0] - smem_base) - 16 * lane;
-    const int ahead = t + (kStages - 1) * kWarps;
-    if (ahead < bc.tile_end) {
-      stage_tile(stage[kStages - 1], seq_tiles + size_t(ahead) * L::kTileBytes, lane);
+    if (!kEarly) {
+      const int ahead = t + (kStages - 1) * kWarps;
+      if (ahead < bc.tile_end) {
+        stage_tile(stage[kStages - 1], seq_tiles + size_t(ahead) * L::kTileBytes, lane);
+      }
+      cp_async_commit();
     }
-    cp_async_commit();
     process_tile(current, lane, t * kTileTokens, qf, lane_table, a.scale_log2, bc, g, st);
     __syncwarp();  // every lane is done with this stage before it is refilled
+    if (kEarly) {
+      const int ahead = t + kStages * kWarps;
+      if (ahead < bc.tile_end) {
+        stage_tile(stage[0], seq_tiles + size_t(ahead) * L::kTileBytes, lane);
+      }
+      cp_async_commit();
+    }
     const uint32_t done = stage[0];
 #pragma unroll
     for (int i = 0; i + 1 < kStages; ++i) stage[i] = stage[i + 1];
@@ -267,21 +290,22 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   }
   cp_async_wait<0>();
   write_block_partial<kWarps>(st, reinterpret_cast<float*>(tables), a, bc, warp, g, c);
-  finish_row_group<kWarps>(a, bc, warp, lane);
+  finish_row_group<kWarps, kReleaseAcquire>(a, bc, warp, lane);
 }
 
-template <int kWarps, int kStages>
+template <int kWarps, int kStages, bool kEarly = false, bool kReleaseAcquire = false>
 void launch_shape(const AttentionArgs& args, const TQKernelCodec& codec, const uint8_t* tiles,
                   int max_tiles, int batch, cudaStream_t stream) {
   constexpr int kSmem = TQShape<kWarps, kStages>::kSmemBytes;
   static const bool configured = [] {
-    TURBOKV_CUDA_CHECK(cudaFuncSetAttribute(tq_attention_kernel<kWarps, kStages>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    TURBOKV_CUDA_CHECK(
+        cudaFuncSetAttribute(tq_attention_kernel<kWarps, kStages, kEarly, kReleaseAcquire>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     return true;
   }();
   (void)configured;
   const dim3 grid(args.splits, args.kv_heads * args.row_groups, batch);
-  tq_attention_kernel<kWarps, kStages>
+  tq_attention_kernel<kWarps, kStages, kEarly, kReleaseAcquire>
       <<<grid, kWarps * 32, kSmem, stream>>>(args, codec, tiles, max_tiles);
 }
 
@@ -290,10 +314,17 @@ void launch_shape(const AttentionArgs& args, const TQKernelCodec& codec, const u
 void launch_tq_attention(const AttentionArgs& args, const TQKernelCodec& codec,
                          const uint8_t* tiles, int max_tiles, int batch, TQBlockShape shape,
                          cudaStream_t stream) {
-  if (shape == TQBlockShape::kWide) {
-    launch_shape<16, 2>(args, codec, tiles, max_tiles, batch, stream);
-  } else {
-    launch_shape<12, 3>(args, codec, tiles, max_tiles, batch, stream);
+  switch (shape) {
+    case TQBlockShape::kWide:
+      return launch_shape<16, 2>(args, codec, tiles, max_tiles, batch, stream);
+    case TQBlockShape::kDeepEarly:
+      return launch_shape<12, 3, true, true>(args, codec, tiles, max_tiles, batch, stream);
+    case TQBlockShape::kWideEarly:
+      return launch_shape<16, 2, true, true>(args, codec, tiles, max_tiles, batch, stream);
+    case TQBlockShape::kWideEarlyPipe:
+      return launch_shape<16, 2, true, false>(args, codec, tiles, max_tiles, batch, stream);
+    default:
+      return launch_shape<12, 3>(args, codec, tiles, max_tiles, batch, stream);
   }
 }
 
