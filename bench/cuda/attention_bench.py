@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 # TurboQuant block shapes in TQBlockShape order (attention.h)
-SHAPES = ["auto", "deep", "wide", "deep_early", "wide_early", "wide_pipe"]
+SHAPES = ["auto", "deep", "wide", "deep_early", "wide_early", "wide_pipe",
+          "deep_first", "wide_first", "wide_first_early"]
 N_HEADS, KV_HEADS, D = 32, 8, 128
 TQ_BYTES_PER_TOKEN_HEAD = 116
 F16_BYTES_PER_TOKEN_HEAD = 2 * 2 * D

@@ -27,8 +27,20 @@ enum class CacheKind { kTurboQuant, kDense };
 // Experimental (timed against the two above): *Early loads the query before the sequence
 // length, queues a tile into a stage as soon as the stage is consumed (every stage in flight
 // while a warp waits) and counts a finished block with one release/acquire atomic instead of
-// a fence in every thread; kWideEarlyPipe: the first two without the third.
-enum class TQBlockShape { kAuto, kDeep, kWide, kDeepEarly, kWideEarly, kWideEarlyPipe };
+// a fence in every thread; kWideEarlyPipe: the first two without the third. *First loads the
+// sequence length and the query before queuing the first tiles, and counts blocks with the
+// release/acquire atomic; kWideFirstEarly adds the early refill.
+enum class TQBlockShape {
+  kAuto,
+  kDeep,
+  kWide,
+  kDeepEarly,
+  kWideEarly,
+  kWideEarlyPipe,
+  kDeepFirst,
+  kWideFirst,
+  kWideFirstEarly
+};
 
 struct AttentionProblem {
   const float* q = nullptr;

@@ -52,13 +52,13 @@ struct BlockCoords {
   int unmasked_end;          // tokens below this are visible to every row of the group
 };
 
-__device__ __forceinline__ BlockCoords block_coords(const AttentionArgs& a, int c) {
+// len: seq_lens[blockIdx.z].
+__device__ __forceinline__ BlockCoords block_coords(const AttentionArgs& a, int c, int len) {
   BlockCoords bc;
   bc.split = blockIdx.x;
   bc.kv_head = blockIdx.y / a.row_groups;
   bc.row_group = blockIdx.y % a.row_groups;
   bc.b = blockIdx.z;
-  const int len = a.seq_lens[bc.b];
   bc.n_tiles = (len + kTileTokens - 1) / kTileTokens;
   bc.tile_begin = bc.split * a.tiles_per_split;
   bc.tile_end = min(bc.tile_begin + a.tiles_per_split, bc.n_tiles);
@@ -68,6 +68,26 @@ __device__ __forceinline__ BlockCoords block_coords(const AttentionArgs& a, int 
     bc.limit[i] = row < a.rows ? len - a.n_q + row / a.group + 1 : 0;
   }
   return bc;
+}
+
+__device__ __forceinline__ BlockCoords block_coords(const AttentionArgs& a, int c) {
+  return block_coords(a, c, a.seq_lens[blockIdx.z]);
+}
+
+// Read-only global loads as volatile asm: issued where they stand, ahead of the asynchronous
+// copies queued after them (a plain load may be scheduled behind them and then waits for the
+// whole burst).
+__device__ __forceinline__ int load_before_copies(const int* p) {
+  int v;
+  asm volatile("ld.global.nc.s32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ float4 load_before_copies(const float4* p) {
+  float4 v;
+  asm volatile("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "l"(p));
+  return v;
 }
 
 // Row `col` of row group row_group's query rows: pointer into q (nullptr for padding columns).
