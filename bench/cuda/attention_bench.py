@@ -9,9 +9,6 @@ cycle), median of `reps` replays. Also measures device-to-device copy bandwidth 
 bytes) in the same run. Bytes read: TurboQuant 116 B per token per KV head, fp16 512 B.
 
 usage: attention_bench.py --lib build/bench/cuda/libturbokv_cuda_bench.so [--cases 1:4096,16:32768]
-       [--tq-shape auto] [--compare wide,wide_early,wide,wide_early]
---compare times the listed TurboQuant block shapes too, on the same data in the same process
-(repeat a shape to see the run-to-run spread), and prints them in a second table.
 """
 import argparse
 import ctypes
@@ -22,9 +19,6 @@ import sys
 import torch
 import torch.nn.functional as F
 
-# TurboQuant block shapes in TQBlockShape order (attention.h)
-SHAPES = ["auto", "deep", "wide", "deep_early", "wide_early", "wide_pipe",
-          "deep_first", "wide_first", "wide_first_early"]
 N_HEADS, KV_HEADS, D = 32, 8, 128
 TQ_BYTES_PER_TOKEN_HEAD = 116
 F16_BYTES_PER_TOKEN_HEAD = 2 * 2 * D
@@ -97,7 +91,7 @@ def copy_bandwidth():
     return 2 * n / (times[len(times) // 2] * 1e-3) / 1e9
 
 
-def run_case(lib, batch, ctx, tq_shape, compare=(), seed=0):
+def run_case(lib, batch, ctx, tq_shape, seed=0):
     torch.manual_seed(seed)
     dev = "cuda"
     scale = 1.0 / math.sqrt(D)
@@ -140,14 +134,6 @@ def run_case(lib, batch, ctx, tq_shape, compare=(), seed=0):
         k.data_ptr(), v.data_ptr(), ctx, f16_copies, batch * KV_HEADS * ctx * D, lens.data_ptr(),
         ctx, q32.data_ptr(), batch, N_HEADS, KV_HEADS, scale, out_dense.data_ptr(), CALLS, REPS),
         "dense attention")
-    variants = []
-    for shape in compare:
-        out_v = torch.empty_like(out_tq)
-        us = check(lib, lib.tkv_time_tq_attention(
-            tiles.data_ptr(), max_tiles, tq_copies, tq_copy, lens.data_ptr(), ctx,
-            q32.data_ptr(), batch, N_HEADS, KV_HEADS, scale, out_v.data_ptr(), seed,
-            SHAPES.index(shape), CALLS, REPS), f"tq attention ({shape})")
-        variants.append((shape, us, out_v))
     sdpa_out = [None]
 
     def sdpa(i):
@@ -160,7 +146,6 @@ def run_case(lib, batch, ctx, tq_shape, compare=(), seed=0):
     ref = ref.transpose(1, 2)
     dense_err = ((out_dense - ref).norm() / ref.norm()).item()
     tq_cos = F.cosine_similarity(out_tq.flatten(1), ref.flatten(1)).min().item()
-    variants = [(shape, us, (o - out_tq).abs().max().item()) for shape, us, o in variants]
     del k, v, tiles
     torch.cuda.empty_cache()
     tokens = batch * KV_HEADS * ctx
@@ -168,17 +153,15 @@ def run_case(lib, batch, ctx, tq_shape, compare=(), seed=0):
                 tq_gbps=tokens * TQ_BYTES_PER_TOKEN_HEAD / (tq_us * 1e3),
                 sdpa_gbps=tokens * F16_BYTES_PER_TOKEN_HEAD / (sdpa_us * 1e3),
                 dense_gbps=tokens * F16_BYTES_PER_TOKEN_HEAD / (dense_us * 1e3),
-                dense_rel_err=dense_err, tq_min_cos=tq_cos, variants=variants)
+                dense_rel_err=dense_err, tq_min_cos=tq_cos)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lib", required=True)
     parser.add_argument("--cases", help="comma-separated batch:context list (default: all)")
-    parser.add_argument("--tq-shape", choices=SHAPES, default="auto",
+    parser.add_argument("--tq-shape", choices=["auto", "deep", "wide"], default="auto",
                         help="TurboQuant block shape (default: the library's choice)")
-    parser.add_argument("--compare", default="",
-                        help="comma-separated TurboQuant block shapes also timed per case")
     args = parser.parse_args()
     lib = load_lib(args.lib)
     props = torch.cuda.get_device_properties(0)
@@ -196,38 +179,14 @@ def main():
     header = (f"{'batch':>5} {'context':>8} {'sdpa_us':>9} {'dense_us':>9} {'tq35_us':>9} "
               f"{'tq/sdpa':>8} {'tq/dense':>8} {'sdpa_GB/s':>9} {'tq_GB/s':>8} {'tq_%copy':>8} "
               f"{'dense_err':>9} {'tq_cos':>7}")
-    compare = [c for c in args.compare.split(",") if c]
-    for c in compare:
-        if c not in SHAPES:
-            sys.exit(f"--compare: unknown shape {c!r}; known: {', '.join(SHAPES)}")
     print(header)
-    rows = []
     for batch, ctx in cases:
-        r = run_case(lib, batch, ctx, SHAPES.index(args.tq_shape), compare)
-        rows.append(r)
+        r = run_case(lib, batch, ctx, ["auto", "deep", "wide"].index(args.tq_shape))
         print(f"{r['batch']:>5} {r['ctx']:>8} {r['sdpa_us']:>9.1f} {r['dense_us']:>9.1f} "
               f"{r['tq_us']:>9.1f} {r['sdpa_us'] / r['tq_us']:>7.2f}x "
               f"{r['dense_us'] / r['tq_us']:>7.2f}x {r['sdpa_gbps']:>9.0f} {r['tq_gbps']:>8.0f} "
               f"{100 * r['tq_gbps'] / bw:>7.0f}% {r['dense_rel_err']:>9.1e} {r['tq_min_cos']:>7.4f}",
               flush=True)
-        tokens = batch * KV_HEADS * ctx
-        for shape, us, diff in r["variants"]:  # right away, in case the run is cut short
-            pct = 100 * tokens * TQ_BYTES_PER_TOKEN_HEAD / (us * 1e3) / bw
-            print(f"#   {shape:>10} {us:7.1f} us {r['sdpa_us'] / us:5.2f}x {pct:3.0f}% "
-                  f"max|diff| {diff:7.1e}", flush=True)
-    if compare:
-        print(f"# TurboQuant block shapes on the same data, same process (first column: "
-              f"{args.tq_shape}); us, x vs SDPA, % of copy bandwidth; max |out - out_{args.tq_shape}|")
-        print(f"{'batch':>5} {'context':>8} {'sdpa_us':>9} {args.tq_shape:>10} " +
-              " ".join(f"{c:>27}" for c in compare))
-        for r in rows:
-            tokens = r["batch"] * KV_HEADS * r["ctx"]
-            cells = []
-            for shape, us, diff in r["variants"]:
-                pct = 100 * tokens * TQ_BYTES_PER_TOKEN_HEAD / (us * 1e3) / bw
-                cells.append(f"{us:7.1f} {r['sdpa_us'] / us:5.2f}x {pct:3.0f}% {diff:7.1e}")
-            print(f"{r['batch']:>5} {r['ctx']:>8} {r['sdpa_us']:>9.1f} {r['tq_us']:>10.1f} " +
-                  " ".join(f"{c:>27}" for c in cells), flush=True)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
@@ -119,20 +118,16 @@ double tkv_tq_quantize(const float* k, const float* v, const int* start, uint8_t
 }
 
 // tiles: `copies` caches of copy_bytes each. out [batch, 1, n_heads, 128] fp32.
-// shape: the TQBlockShape value (0 auto, 1 deep, 2 wide, 3 deep and 4 wide with the early
-// start and lighter merge handshake, 5 wide with the early start only, 6 deep and 7 wide with
-// the sequence length and query loaded first, 8 wide with both).
+// shape: 0 auto, 1 deep (12 warps x 3 stages), 2 wide (16 warps x 2 stages).
 double tkv_time_tq_attention(const uint8_t* tiles, int max_tiles, int copies, size_t copy_bytes,
                              const int* seq_lens, int max_len, const float* q, int batch,
                              int n_heads, int kv_heads, float scale, float* out, uint64_t seed,
                              int shape, int calls, int reps) {
   return guarded([&] {
     AttentionProblem p = problem(seq_lens, max_len, q, batch, n_heads, kv_heads, scale, out);
-    if (shape < 0 || shape > int(TQBlockShape::kWideFirstEarly)) {
-      throw turbokv::InvalidArgument(turbokv::str_cat("block shape ", shape, ": need 0..",
-                                                      int(TQBlockShape::kWideFirstEarly)));
-    }
-    p.tq_shape = static_cast<TQBlockShape>(shape);
+    p.tq_shape = shape == 1   ? TQBlockShape::kDeep
+                 : shape == 2 ? TQBlockShape::kWide
+                              : TQBlockShape::kAuto;
     const size_t bytes = attention_workspace_bytes(p, CacheKind::kTurboQuant);
     DeviceBuffer<uint8_t> workspace(bytes);
     workspace.zero();

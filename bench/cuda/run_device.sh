@@ -1,15 +1,12 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (the device tool), from the repo root: the CUDA tests, the attention
-# benchmark, compute-sanitizer memcheck on the test binary, and an ncu profile
+# Runs on the GPU machine (the device tool), from the repo root: the CUDA tests,
+# compute-sanitizer memcheck on the test binary, the attention benchmark, and an ncu profile
 # of both attention kernels at batch 1, 128k. Logs go to OUT_DIR; the benchmark table also to
 # bench/results/<date>-<gpu>-attention.txt.
 # usage: bench/cuda/run_device.sh BIN_DIR OUT_DIR    (BIN_DIR: cuda_tests and
 #        libturbokv_cuda_bench.so, built with `cmake --build build --target cuda_tests
 #        turbokv_cuda_bench`)
-# env: BENCH_CASES (batch:context list), BENCH_COMPARE (TurboQuant block shapes also timed,
-#      see attention_bench.py --compare), SKIP_NCU, NCU_CASE, NCU_SHAPE (block shape profiled).
 set -uo pipefail
-here=$(dirname "$(realpath "$0")")
 bin=$(realpath "$1")
 out=$(realpath "$2")
 status=0
@@ -20,22 +17,20 @@ echo "== cuda_tests"
 "$bin/cuda_tests" > "$out/tests.log" 2>&1 || status=1
 tail -4 "$out/tests.log"
 
-echo "== benchmark"
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-' | sed 's/nvidia-//')
-result="bench/results/$(date -u +%Y-%m-%d)-$gpu-attention.txt"
-PYTHONUNBUFFERED=1 python3 "$here/attention_bench.py" --lib "$bin/libturbokv_cuda_bench.so" \
-  ${BENCH_CASES:+--cases "$BENCH_CASES"} ${BENCH_COMPARE:+--compare "$BENCH_COMPARE"} \
-  | tee "$out/bench.txt" || status=1
-cp "$out/bench.txt" "$out/$(basename "$result")"
-
-echo "== compute-sanitizer memcheck (after the benchmark: the timings matter most if time runs out)"
+echo "== compute-sanitizer memcheck"
 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/cuda_tests" > "$out/memcheck.log" 2>&1 \
   || status=1
 grep -E "ERROR SUMMARY|PASSED|FAILED" "$out/memcheck.log" | tail -4
 
+echo "== benchmark"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-' | sed 's/nvidia-//')
+result="bench/results/$(date -u +%Y-%m-%d)-$gpu-attention.txt"
+PYTHONUNBUFFERED=1 python3 bench/cuda/attention_bench.py --lib "$bin/libturbokv_cuda_bench.so" \
+  ${BENCH_CASES:+--cases "$BENCH_CASES"} | tee "$out/bench.txt" || status=1
+cp "$out/bench.txt" "$out/$(basename "$result")"
+
 if [ -z "${SKIP_NCU:-}" ]; then
-  echo "== ncu (first launch of the TurboQuant kernel, batch:context ${NCU_CASE:=1:131072}," \
-    "block shape ${NCU_SHAPE:=auto})"
+  echo "== ncu (first launch of the TurboQuant kernel, batch:context ${NCU_CASE:=1:131072})"
   stalls=long_scoreboard,short_scoreboard,mio_throttle,lg_throttle,wait,barrier,math_pipe_throttle,no_instruction
   metrics=sm__inst_executed.sum,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active
   metrics=$metrics,sm__mio_inst_issued.avg.pct_of_peak_sustained_active
@@ -48,8 +43,8 @@ if [ -z "${SKIP_NCU:-}" ]; then
   ncu --clock-control none -k regex:tq_attention_kernel -c 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
     --section ComputeWorkloadAnalysis --section WarpStateStats --metrics "$metrics" \
-    python3 "$here/attention_bench.py" --lib "$bin/libturbokv_cuda_bench.so" \
-    --cases "$NCU_CASE" --tq-shape "$NCU_SHAPE" > "$out/ncu.txt" 2>&1 || true
+    python3 bench/cuda/attention_bench.py --lib "$bin/libturbokv_cuda_bench.so" \
+    --cases "$NCU_CASE" > "$out/ncu.txt" 2>&1 || true
   grep -E "Duration|DRAM Throughput|Compute \(SM\)|Issue Slots|Achieved Active Warps|Registers|stalled|pipe_|mio_inst|inst_executed|cycles_active|cycles_elapsed" \
     "$out/ncu.txt" | head -40
 fi

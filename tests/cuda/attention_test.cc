@@ -119,9 +119,7 @@ void check_turboquant(const Case& c, uint64_t seed) {
   };
   const std::vector<float> ref = testing::reference_attention(
       q, c.lens, c.n_q, c.n_heads, c.kv_heads, kD, scale, at(k_hat), at(v_hat));
-  for (TQBlockShape shape :
-       {TQBlockShape::kAuto, TQBlockShape::kDeep, TQBlockShape::kWide, TQBlockShape::kDeepEarly,
-        TQBlockShape::kWideEarly, TQBlockShape::kWideEarlyPipe}) {
+  for (TQBlockShape shape : {TQBlockShape::kAuto, TQBlockShape::kDeep, TQBlockShape::kWide}) {
     SCOPED_TRACE(int(shape));
     const std::vector<float> out = run_attention(
         c, q, scale, CacheKind::kTurboQuant,

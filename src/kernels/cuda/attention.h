@@ -24,23 +24,7 @@ enum class CacheKind { kTurboQuant, kDense };
 // stages (2 tiles in flight per warp), faster when each block has few tiles; kWide: 16 warps,
 // 2 stages, faster on long splits. kAuto picks kWide from 256 tiles per split on (measured on
 // an H200, see README).
-// Experimental (timed against the two above): *Early loads the query before the sequence
-// length, queues a tile into a stage as soon as the stage is consumed (every stage in flight
-// while a warp waits) and counts a finished block with one release/acquire atomic instead of
-// a fence in every thread; kWideEarlyPipe: the first two without the third. *First loads the
-// sequence length and the query before queuing the first tiles, and counts blocks with the
-// release/acquire atomic; kWideFirstEarly adds the early refill.
-enum class TQBlockShape {
-  kAuto,
-  kDeep,
-  kWide,
-  kDeepEarly,
-  kWideEarly,
-  kWideEarlyPipe,
-  kDeepFirst,
-  kWideFirst,
-  kWideFirstEarly
-};
+enum class TQBlockShape { kAuto, kDeep, kWide };
 
 struct AttentionProblem {
   const float* q = nullptr;

@@ -91,39 +91,24 @@ __device__ __forceinline__ void merge_row(const AttentionArgs& a, int b, int kv_
                                         kHeadDim)[lane] = make_float4(o[0], o[1], o[2], o[3]);
 }
 
-// Adds 1 to the counter with release and acquire semantics at GPU scope; returns the old value.
-__device__ __forceinline__ int atomic_add_acq_rel(int* counter) {
-  int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;"
-               : "=r"(old)
-               : "l"(counter)
-               : "memory");
-  return old;
-}
-
 // After write_block_partial: counts this block in; the last block of the row group merges
-// its rows (warp w takes rows w, w + kNumWarps, ... of the group). kReleaseAcquire: one
-// acq_rel atomic of thread 0 after the barrier publishes the whole block's partials (release
-// is cumulative over what the barrier ordered before it) and, in the last block, makes the
-// other blocks' partials visible to the threads after the next barrier; otherwise every
-// thread fences before and after.
-template <int kNumWarps, bool kReleaseAcquire = false>
+// its rows (warp w takes rows w, w + kNumWarps, ... of the group).
+template <int kNumWarps>
 __device__ __forceinline__ void finish_row_group(const AttentionArgs& a, const BlockCoords& bc,
                                                  int warp, int lane) {
   __shared__ int is_last;
   const int n_splits = (bc.n_tiles + a.tiles_per_split - 1) / a.tiles_per_split;
-  if (!kReleaseAcquire) __threadfence();  // this block's partials are visible before it counts
+  __threadfence();  // this block's partials are visible before it is counted
   __syncthreads();
   if (threadIdx.x == 0) {
     int* counter =
         a.counters + (size_t(bc.b) * a.kv_heads + bc.kv_head) * a.row_groups + bc.row_group;
-    const int done = kReleaseAcquire ? atomic_add_acq_rel(counter) : atomicAdd(counter, 1);
-    is_last = done == n_splits - 1;
+    is_last = atomicAdd(counter, 1) == n_splits - 1;
     if (is_last) *counter = 0;  // ready for the next call
   }
   __syncthreads();
   if (!is_last) return;
-  if (!kReleaseAcquire) __threadfence();
+  __threadfence();
   for (int col = warp; col < kColumns; col += kNumWarps) {
     const int row = bc.row_group * kColumns + col;
     if (row < a.rows) merge_row(a, bc.b, bc.kv_head, row, n_splits, lane);

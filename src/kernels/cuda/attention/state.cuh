@@ -52,13 +52,13 @@ struct BlockCoords {
   int unmasked_end;          // tokens below this are visible to every row of the group
 };
 
-// len: seq_lens[blockIdx.z].
-__device__ __forceinline__ BlockCoords block_coords(const AttentionArgs& a, int c, int len) {
+__device__ __forceinline__ BlockCoords block_coords(const AttentionArgs& a, int c) {
   BlockCoords bc;
   bc.split = blockIdx.x;
   bc.kv_head = blockIdx.y / a.row_groups;
   bc.row_group = blockIdx.y % a.row_groups;
   bc.b = blockIdx.z;
+  const int len = a.seq_lens[bc.b];
   bc.n_tiles = (len + kTileTokens - 1) / kTileTokens;
   bc.tile_begin = bc.split * a.tiles_per_split;
   bc.tile_end = min(bc.tile_begin + a.tiles_per_split, bc.n_tiles);
@@ -70,42 +70,14 @@ __device__ __forceinline__ BlockCoords block_coords(const AttentionArgs& a, int 
   return bc;
 }
 
-__device__ __forceinline__ BlockCoords block_coords(const AttentionArgs& a, int c) {
-  return block_coords(a, c, a.seq_lens[blockIdx.z]);
-}
-
-// Read-only global loads as volatile asm: issued where they stand, ahead of the asynchronous
-// copies queued after them (a plain load may be scheduled behind them and then waits for the
-// whole burst).
-__device__ __forceinline__ int load_before_copies(const int* p) {
-  int v;
-  asm volatile("ld.global.nc.s32 %0, [%1];" : "=r"(v) : "l"(p));
-  return v;
-}
-__device__ __forceinline__ float4 load_before_copies(const float4* p) {
-  float4 v;
-  asm volatile("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "l"(p));
-  return v;
-}
-
-// Row `col` of row group row_group's query rows: pointer into q (nullptr for padding columns).
-__device__ __forceinline__ const float* query_row(const AttentionArgs& a, int b, int kv_head,
-                                                  int row_group, int col) {
-  const int row = row_group * kColumns + col;
+// Row `col` of this block's query rows: pointer into q (nullptr for padding columns).
+__device__ __forceinline__ const float* query_row(const AttentionArgs& a, const BlockCoords& bc,
+                                                  int col) {
+  const int row = bc.row_group * kColumns + col;
   if (row >= a.rows) return nullptr;
   const int qi = row / a.group;
-  const int head = kv_head * a.group + row % a.group;
-  return a.q + ((size_t(b) * a.n_q + qi) * a.n_heads + head) * kHeadDim;
-}
-
-// This lane's 4 dims of the block's query row `warp` (zeros for padding rows); needs no
-// sequence length, so it can be issued before it is known.
-__device__ __forceinline__ float4 load_query_dims(const AttentionArgs& a, int b, int kv_head,
-                                                  int row_group, int warp, int lane) {
-  const float* q = query_row(a, b, kv_head, row_group, warp);
-  return q != nullptr ? reinterpret_cast<const float4*>(q)[lane] : make_float4(0, 0, 0, 0);
+  const int head = bc.kv_head * a.group + row % a.group;
+  return a.q + ((size_t(bc.b) * a.n_q + qi) * a.n_heads + head) * kHeadDim;
 }
 
 struct WarpState {
@@ -257,14 +229,16 @@ __device__ __forceinline__ void write_block_partial(WarpState& st, float* scratc
   }
 }
 
-// Rotated query rows for the score MMA: warp w < kColumns takes row w of the block (x4: this
-// lane's dims from load_query_dims), applies R = H diag(s) * scale with butterflies across
-// lanes (lane l holds dims 4l .. 4l+3; h = 1, 2 in the lane, h >= 4 by shuffles) and stores it
-// to q_rot[w]. No rotation (dense): rotate = false, scale = 1.
-__device__ __forceinline__ void rotate_query_row(float4 x4, int warp, int lane, bool rotate,
-                                                 uint4 flips, float scale,
-                                                 float (*q_rot)[kHeadDim]) {
+// Rotated query rows for the score MMA: warp w < kColumns loads row w of the block (zeros for
+// padding rows), applies R = H diag(s) * scale with butterflies across lanes (lane l holds
+// dims 4l .. 4l+3; h = 1, 2 in the lane, h >= 4 by shuffles) and stores it to q_rot[w].
+// No rotation (dense): rotate = false, scale = 1.
+__device__ __forceinline__ void load_query_row(const AttentionArgs& a, const BlockCoords& bc,
+                                               int warp, int lane, bool rotate, uint4 flips,
+                                               float scale, float (*q_rot)[kHeadDim]) {
   if (warp >= kColumns) return;
+  const float* q = query_row(a, bc, warp);
+  float4 x4 = q != nullptr ? reinterpret_cast<const float4*>(q)[lane] : make_float4(0, 0, 0, 0);
   float o[4] = {x4.x, x4.y, x4.z, x4.w};
   if (rotate) {
     const uint32_t word = lane < 8 ? flips.x : lane < 16 ? flips.y : lane < 24 ? flips.z : flips.w;
@@ -294,15 +268,6 @@ __device__ __forceinline__ void rotate_query_row(float4 x4, int warp, int lane, 
   }
   reinterpret_cast<float4*>(q_rot[warp])[lane] =
       make_float4(o[0] * scale, o[1] * scale, o[2] * scale, o[3] * scale);
-}
-
-// load_query_dims + rotate_query_row.
-__device__ __forceinline__ void load_query_row(const AttentionArgs& a, const BlockCoords& bc,
-                                               int warp, int lane, bool rotate, uint4 flips,
-                                               float scale, float (*q_rot)[kHeadDim]) {
-  if (warp >= kColumns) return;
-  rotate_query_row(load_query_dims(a, bc.b, bc.kv_head, bc.row_group, warp, lane), warp, lane,
-                   rotate, flips, scale, q_rot);
 }
 
 }  // namespace turbokv::cuda::attn

@@ -185,14 +185,7 @@ __device__ __forceinline__ void process_tile(const char* stage, int lane, int ti
   }
 }
 
-// kLoadsFirst: the sequence length and the query are loaded before the first tiles' copies are
-// queued (otherwise they queue behind them). kEarly: every stage is refilled as soon as it is
-// consumed (all kStages tiles in flight while the warp waits, kStages - 1 while it computes,
-// against kStages - 1 and none for the default order that refills a stage just before
-// computing on the previous one); without kLoadsFirst the query is loaded right after those
-// copies. kReleaseAcquire: blocks are counted with one release/acquire atomic
-// (finish_row_group).
-template <int kWarps, int kStages, bool kEarly, bool kReleaseAcquire, bool kLoadsFirst>
+template <int kWarps, int kStages>
 __global__ void __launch_bounds__(kWarps * 32, 1)
     tq_attention_kernel(const AttentionArgs a, const TQKernelCodec codec, const uint8_t* tiles,
                         int max_tiles) {
@@ -214,27 +207,15 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   for (int i = 0; i < kStages; ++i) {
     stage[i] = smem_base + plan.slot_offset(kStages * warp + i) + 16 * lane;
   }
-  const int row_group = blockIdx.y % a.row_groups;
-  int first_len = 0;
-  float4 query_dims = make_float4(0, 0, 0, 0);
-  if (kLoadsFirst) {
-    first_len = load_before_copies(a.seq_lens + blockIdx.z);
-    const float* q = warp < kColumns ? query_row(a, blockIdx.z, kv_head, row_group, warp) : nullptr;
-    if (q != nullptr) query_dims = load_before_copies(reinterpret_cast<const float4*>(q) + lane);
-  }
   const int first = blockIdx.x * a.tiles_per_split + warp;
   const int prefetch_end = min((blockIdx.x + 1) * a.tiles_per_split, max_tiles);
-  constexpr int kAhead = kEarly ? kStages : kStages - 1;  // tiles in flight before the loop
 #pragma unroll
-  for (int i = 0; i < kAhead; ++i) {
+  for (int i = 0; i < kStages - 1; ++i) {
     const int t = first + i * kWarps;
     if (t < prefetch_end) stage_tile(stage[i], seq_tiles + size_t(t) * L::kTileBytes, lane);
     cp_async_commit();
   }
-  if (kEarly && !kLoadsFirst && warp < kColumns) {
-    query_dims = load_query_dims(a, blockIdx.z, kv_head, row_group, warp, lane);
-  }
-  const BlockCoords bc = kLoadsFirst ? block_coords(a, c, first_len) : block_coords(a, c);
+  const BlockCoords bc = block_coords(a, c);
   if (bc.tile_begin >= bc.tile_end) {  // split past this sequence's end (whole block)
     cp_async_wait<0>();                // no copy may land in shared memory after the block is gone
     return;
@@ -253,11 +234,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   // R q = H (s ⊙ q) * scale, one warp per query row.
   const uint4 flips = make_uint4(codec.key_sign_flips[0], codec.key_sign_flips[1],
                                  codec.key_sign_flips[2], codec.key_sign_flips[3]);
-  if (kEarly || kLoadsFirst) {
-    rotate_query_row(query_dims, warp, lane, true, flips, codec.hadamard_scale, q_rot);
-  } else {
-    load_query_row(a, bc, warp, lane, true, flips, codec.hadamard_scale, q_rot);
-  }
+  load_query_row(a, bc, warp, lane, true, flips, codec.hadamard_scale, q_rot);
   __syncthreads();
   // B operands of the score MMA: k-rows 2c, 2c+1 | 2c+8, 2c+9 of chunk kk are rotated dims
   // 32c + 4kk + {0, 1} | {2, 3} (the key tile layout's pairing), column g.
@@ -273,25 +250,16 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   WarpState st;
   st.init();
   for (int t = first; t < bc.tile_end; t += kWarps) {
-    cp_async_wait<kAhead - 1>();  // this tile's group is done; later ones may be in flight
+    cp_async_wait<kStages - 2>();  // this tile's group is done; later ones may be in flight
     __syncwarp();
     const char* current = smem + (stage[0] - smem_base) - 16 * lane;
-    if (!kEarly) {
-      const int ahead = t + (kStages - 1) * kWarps;
-      if (ahead < bc.tile_end) {
-        stage_tile(stage[kStages - 1], seq_tiles + size_t(ahead) * L::kTileBytes, lane);
-      }
-      cp_async_commit();
+    const int ahead = t + (kStages - 1) * kWarps;
+    if (ahead < bc.tile_end) {
+      stage_tile(stage[kStages - 1], seq_tiles + size_t(ahead) * L::kTileBytes, lane);
     }
+    cp_async_commit();
     process_tile(current, lane, t * kTileTokens, qf, lane_table, a.scale_log2, bc, g, st);
     __syncwarp();  // every lane is done with this stage before it is refilled
-    if (kEarly) {
-      const int ahead = t + kStages * kWarps;
-      if (ahead < bc.tile_end) {
-        stage_tile(stage[0], seq_tiles + size_t(ahead) * L::kTileBytes, lane);
-      }
-      cp_async_commit();
-    }
     const uint32_t done = stage[0];
 #pragma unroll
     for (int i = 0; i + 1 < kStages; ++i) stage[i] = stage[i + 1];
@@ -299,23 +267,21 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   }
   cp_async_wait<0>();
   write_block_partial<kWarps>(st, reinterpret_cast<float*>(tables), a, bc, warp, g, c);
-  finish_row_group<kWarps, kReleaseAcquire>(a, bc, warp, lane);
+  finish_row_group<kWarps>(a, bc, warp, lane);
 }
 
-template <int kWarps, int kStages, bool kEarly = false, bool kReleaseAcquire = false,
-          bool kLoadsFirst = false>
+template <int kWarps, int kStages>
 void launch_shape(const AttentionArgs& args, const TQKernelCodec& codec, const uint8_t* tiles,
                   int max_tiles, int batch, cudaStream_t stream) {
   constexpr int kSmem = TQShape<kWarps, kStages>::kSmemBytes;
   static const bool configured = [] {
-    TURBOKV_CUDA_CHECK(cudaFuncSetAttribute(
-        tq_attention_kernel<kWarps, kStages, kEarly, kReleaseAcquire, kLoadsFirst>,
-        cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    TURBOKV_CUDA_CHECK(cudaFuncSetAttribute(tq_attention_kernel<kWarps, kStages>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     return true;
   }();
   (void)configured;
   const dim3 grid(args.splits, args.kv_heads * args.row_groups, batch);
-  tq_attention_kernel<kWarps, kStages, kEarly, kReleaseAcquire, kLoadsFirst>
+  tq_attention_kernel<kWarps, kStages>
       <<<grid, kWarps * 32, kSmem, stream>>>(args, codec, tiles, max_tiles);
 }
 
@@ -324,23 +290,10 @@ void launch_shape(const AttentionArgs& args, const TQKernelCodec& codec, const u
 void launch_tq_attention(const AttentionArgs& args, const TQKernelCodec& codec,
                          const uint8_t* tiles, int max_tiles, int batch, TQBlockShape shape,
                          cudaStream_t stream) {
-  switch (shape) {
-    case TQBlockShape::kWide:
-      return launch_shape<16, 2>(args, codec, tiles, max_tiles, batch, stream);
-    case TQBlockShape::kDeepEarly:
-      return launch_shape<12, 3, true, true>(args, codec, tiles, max_tiles, batch, stream);
-    case TQBlockShape::kWideEarly:
-      return launch_shape<16, 2, true, true>(args, codec, tiles, max_tiles, batch, stream);
-    case TQBlockShape::kWideEarlyPipe:
-      return launch_shape<16, 2, true, false>(args, codec, tiles, max_tiles, batch, stream);
-    case TQBlockShape::kDeepFirst:
-      return launch_shape<12, 3, false, true, true>(args, codec, tiles, max_tiles, batch, stream);
-    case TQBlockShape::kWideFirst:
-      return launch_shape<16, 2, false, true, true>(args, codec, tiles, max_tiles, batch, stream);
-    case TQBlockShape::kWideFirstEarly:
-      return launch_shape<16, 2, true, true, true>(args, codec, tiles, max_tiles, batch, stream);
-    default:
-      return launch_shape<12, 3>(args, codec, tiles, max_tiles, batch, stream);
+  if (shape == TQBlockShape::kWide) {
+    launch_shape<16, 2>(args, codec, tiles, max_tiles, batch, stream);
+  } else {
+    launch_shape<12, 3>(args, codec, tiles, max_tiles, batch, stream);
   }
 }
 
