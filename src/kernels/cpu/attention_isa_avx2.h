@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include "kernels/cpu/attention_core.h"
+#include "kernels/cpu/exp_avx2.h"
 
 // Internal linkage on purpose: every ISA's translation unit compiles these templates and
 // inline helpers with its own flags (-mavx2 or none), and must not share one copy with another.
@@ -182,28 +183,6 @@ struct Avx2Isa {
     }
   }
 
-  // exp(x) for x <= 0 (Cephes-style range reduction + degree-6 polynomial, rel. error ~2e-7);
-  // x below -87 (including -inf) gives exactly 0.
-  static __m256 exp_nonpositive(__m256 x) {
-    const __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
-    x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    const __m256i exponent =
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    y = _mm256_mul_ps(y, _mm256_castsi256_ps(exponent));
-    return _mm256_andnot_ps(underflow, y);
-  }
-
   static void scale_scores(float* s, const float* token_scale, float scale) {
     const __m256 vs = _mm256_set1_ps(scale);
     for (int t = 0; t < kTileTokens; t += 8) {
@@ -231,7 +210,7 @@ struct Avx2Isa {
     const __m256 shift = _mm256_set1_ps(m);
     __m256 sum = _mm256_setzero_ps();
     for (int t = 0; t < kTileTokens; t += 8) {
-      const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + t), shift));
+      const __m256 e = avx2::exp8_flush_underflow(_mm256_sub_ps(_mm256_loadu_ps(s + t), shift));
       _mm256_storeu_ps(s + t, e);
       sum = _mm256_add_ps(sum, e);
     }
