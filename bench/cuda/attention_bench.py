@@ -5,7 +5,8 @@ One process: PyTorch owns the data, our kernels run from libturbokv_cuda_bench.s
 Shape: 32 query / 8 KV heads, d = 128, one decode query per sequence, fp16 K/V for the dense
 kernels. Every method is timed the same way: CUDA-graph replays of `calls` back-to-back calls
 that cycle over enough copies of the cache that it is read from HBM (>= 256 MB touched per
-cycle), median of `reps` replays. Also measures device-to-device copy bandwidth (read + write
+cycle), median of `reps` replays; the methods' replays are interleaved round by round, so a
+clock that drifts during the run (the GPU warming up) does not favour the one timed first. Also measures device-to-device copy bandwidth (read + write
 bytes) in the same run. Bytes read: TurboQuant 116 B per token per KV head, fp16 512 B.
 
 usage: attention_bench.py --lib build/bench/cuda/libturbokv_cuda_bench.so [--cases 1:4096,16:32768]
@@ -23,7 +24,7 @@ N_HEADS, KV_HEADS, D = 32, 8, 128
 TQ_BYTES_PER_TOKEN_HEAD = 116
 F16_BYTES_PER_TOKEN_HEAD = 2 * 2 * D
 MIN_TOUCHED = 256 << 20
-CALLS, REPS = 20, 15
+CALLS, REPS = 20, 21
 
 
 def load_lib(path):
@@ -34,10 +35,15 @@ def load_lib(path):
     lib.tkv_tq_tile_bytes.restype = I
     lib.tkv_tq_quantize.restype = D64
     lib.tkv_tq_quantize.argtypes = [P, P, P, P, I, I, I, I, U64]
-    lib.tkv_time_tq_attention.restype = D64
-    lib.tkv_time_tq_attention.argtypes = [P, I, I, S, P, I, P, I, I, I, F32, P, U64, I, I, I]
-    lib.tkv_time_dense_attention.restype = D64
-    lib.tkv_time_dense_attention.argtypes = [P, P, I, I, S, P, I, P, I, I, I, F32, P, I, I]
+    lib.tkv_tq_graph.restype = P
+    lib.tkv_tq_graph.argtypes = [P, I, I, S, P, I, P, I, I, I, F32, P, U64, I, I]
+    lib.tkv_dense_graph.restype = P
+    lib.tkv_dense_graph.argtypes = [P, P, I, I, S, P, I, P, I, I, I, F32, P, I]
+    lib.tkv_graph_us.restype = D64
+    lib.tkv_graph_us.argtypes = [P]
+    lib.tkv_graph_free.argtypes = [P]
+    lib.tkv_tq_timeline.restype = D64
+    lib.tkv_tq_timeline.argtypes = [P, I, P, I, P, I, I, I, F32, P, U64, I, I, I, P]
     return lib
 
 
@@ -47,8 +53,9 @@ def check(lib, value, what):
     return value
 
 
-def time_graph(fn, calls=CALLS, reps=REPS):
-    """Median µs per call of `fn(i)` captured `calls` times in a CUDA graph."""
+def torch_graph_timer(fn, calls=CALLS):
+    """Captures `fn(i)` for i < calls in one CUDA graph; returns a function that replays it
+    once and gives µs per call."""
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         fn(0)
@@ -58,16 +65,35 @@ def time_graph(fn, calls=CALLS, reps=REPS):
             for i in range(calls):
                 fn(i)
         graph.replay()
-        times = []
-        for _ in range(reps):
+    torch.cuda.synchronize()
+
+    def once():
+        with torch.cuda.stream(stream):
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             graph.replay()
             stop.record()
             stop.synchronize()
-            times.append(start.elapsed_time(stop))
-    times.sort()
-    return 1000.0 * times[len(times) // 2] / calls
+        return 1000.0 * start.elapsed_time(stop) / calls
+    return once, graph
+
+
+def lib_graph_timer(lib, handle, what):
+    if not handle:
+        sys.exit(f"{what} failed: {lib.tkv_last_error().decode()}")
+    return lambda: check(lib, lib.tkv_graph_us(handle), what)
+
+
+def time_interleaved(timers, reps=REPS):
+    """Median µs per call of each timer, replayed in turn (one replay each per round, the
+    order rotated every round), so slow drifts such as clock changes hit every method alike."""
+    names = list(timers)
+    times = {n: [] for n in names}
+    for r in range(reps):
+        for i in range(len(names)):
+            n = names[(i + r) % len(names)]
+            times[n].append(timers[n]())
+    return {n: sorted(t)[len(t) // 2] for n, t in times.items()}
 
 
 def copy_bandwidth():
@@ -91,7 +117,11 @@ def copy_bandwidth():
     return 2 * n / (times[len(times) // 2] * 1e-3) / 1e9
 
 
-def run_case(lib, batch, ctx, tq_shape, seed=0):
+SHAPES = ["auto", "deep", "wide", "direct12", "direct12k1v0", "stream1", "regs", "regs_qfirst", "regs_phase",
+          "bulk12x3", "bulk16x2", "bulk8x5"]
+
+
+def run_case(lib, batch, ctx, tq_shape, seed=0, compare=()):
     torch.manual_seed(seed)
     dev = "cuda"
     scale = 1.0 / math.sqrt(D)
@@ -126,20 +156,31 @@ def run_case(lib, batch, ctx, tq_shape, seed=0):
 
     out_tq = torch.empty(batch, 1, N_HEADS, D, device=dev)
     out_dense = torch.empty_like(out_tq)
-    tq_us = check(lib, lib.tkv_time_tq_attention(
-        tiles.data_ptr(), max_tiles, tq_copies, tq_copy, lens.data_ptr(), ctx, q32.data_ptr(),
-        batch, N_HEADS, KV_HEADS, scale, out_tq.data_ptr(), seed, tq_shape, CALLS, REPS),
-        "tq attention")
-    dense_us = check(lib, lib.tkv_time_dense_attention(
-        k.data_ptr(), v.data_ptr(), ctx, f16_copies, batch * KV_HEADS * ctx * D, lens.data_ptr(),
-        ctx, q32.data_ptr(), batch, N_HEADS, KV_HEADS, scale, out_dense.data_ptr(), CALLS, REPS),
-        "dense attention")
-    sdpa_out = [None]
+    shapes = [tq_shape] + [x for x in compare if x != tq_shape]
+    outs = {sh: (out_tq if sh == tq_shape else torch.empty_like(out_tq)) for sh in shapes}
+    handles = []
+    timers = {}
+    for sh in shapes:
+        h = lib.tkv_tq_graph(tiles.data_ptr(), max_tiles, tq_copies, tq_copy, lens.data_ptr(), ctx,
+                             q32.data_ptr(), batch, N_HEADS, KV_HEADS, scale,
+                             outs[sh].data_ptr(), seed, SHAPES.index(sh), CALLS)
+        timers["tq:" + sh] = lib_graph_timer(lib, h, f"tq attention ({sh})")
+        handles.append(h)
+    h = lib.tkv_dense_graph(k.data_ptr(), v.data_ptr(), ctx, f16_copies,
+                            batch * KV_HEADS * ctx * D, lens.data_ptr(), ctx, q32.data_ptr(),
+                            batch, N_HEADS, KV_HEADS, scale, out_dense.data_ptr(), CALLS)
+    timers["dense"] = lib_graph_timer(lib, h, "dense attention")
+    handles.append(h)
 
     def sdpa(i):
-        sdpa_out[0] = F.scaled_dot_product_attention(q, k[i % f16_copies], v[i % f16_copies],
-                                                     enable_gqa=True)
-    sdpa_us = time_graph(sdpa)
+        F.scaled_dot_product_attention(q, k[i % f16_copies], v[i % f16_copies], enable_gqa=True)
+    timers["sdpa"], sdpa_graph = torch_graph_timer(sdpa)
+    us = time_interleaved(timers)
+    for h in handles:
+        lib.tkv_graph_free(h)
+    del sdpa_graph
+    tq_us, dense_us, sdpa_us = us["tq:" + tq_shape], us["dense"], us["sdpa"]
+    others = [(sh, us["tq:" + sh], (outs[sh] - out_tq).abs().max().item()) for sh in shapes[1:]]
 
     # Sanity in the same run: our dense kernel equals SDPA up to fp16; TurboQuant is close.
     ref = F.scaled_dot_product_attention(q, k[0], v[0], enable_gqa=True).float()  # [b, h, 1, d]
@@ -153,15 +194,72 @@ def run_case(lib, batch, ctx, tq_shape, seed=0):
                 tq_gbps=tokens * TQ_BYTES_PER_TOKEN_HEAD / (tq_us * 1e3),
                 sdpa_gbps=tokens * F16_BYTES_PER_TOKEN_HEAD / (sdpa_us * 1e3),
                 dense_gbps=tokens * F16_BYTES_PER_TOKEN_HEAD / (dense_us * 1e3),
-                dense_rel_err=dense_err, tq_min_cos=tq_cos)
+                dense_rel_err=dense_err, tq_min_cos=tq_cos, others=others)
+
+
+TIMELINE_POINTS = 8  # attn::kTimelinePoints: entry, prologue, loop, partial, counted, merged, sm, last
+
+
+def timeline_case(lib, batch, ctx, tq_shape, reps=7, seed=0):
+    """Per-block %globaltimer stamps of single calls: where a call's time goes."""
+    torch.manual_seed(seed)
+    tile_bytes = lib.tkv_tq_tile_bytes()
+    max_tiles = (ctx + 31) // 32
+    per_seq = KV_HEADS * max_tiles * tile_bytes
+    tiles = torch.zeros(batch * per_seq, dtype=torch.uint8, device="cuda")
+    zero = torch.zeros(1, dtype=torch.int32, device="cuda")
+    for b in range(batch):
+        kb = torch.randn(ctx, KV_HEADS, D, device="cuda")
+        vb = torch.randn(ctx, KV_HEADS, D, device="cuda")
+        check(lib, lib.tkv_tq_quantize(kb.data_ptr(), vb.data_ptr(), zero.data_ptr(),
+                                       tiles.data_ptr() + b * per_seq, 1, ctx, KV_HEADS,
+                                       max_tiles, seed), "quantize")
+    q = torch.randn(batch, 1, N_HEADS, D, device="cuda")
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    out = torch.empty(batch, 1, N_HEADS, D, device="cuda")
+    max_blocks = 4096
+    host = torch.zeros(reps, max_blocks, TIMELINE_POINTS, dtype=torch.int64)
+    check(lib, lib.tkv_tq_timeline(tiles.data_ptr(), max_tiles, lens.data_ptr(), ctx, q.data_ptr(),
+                                   batch, N_HEADS, KV_HEADS, 1.0 / math.sqrt(D), out.data_ptr(),
+                                   seed, tq_shape, reps, max_blocks, host.data_ptr()), "timeline")
+    rows = []
+    for r in range(reps):
+        t = host[r]
+        t = t[t[:, 0] != 0].double()
+        t0 = t[:, 0].min()
+        work = t[t[:, 1] != 0]
+        last = work[work[:, 7] == 1]
+        span = (last[:, 5].max() - t0) / 1e3
+        rows.append((span.item(), t, work, last, t0))
+    rows.sort(key=lambda x: x[0])
+    span, t, work, last, t0 = rows[len(rows) // 2]
+
+    def q3(x):
+        x = x / 1e3
+        return f"{x.min().item():6.2f} {x.median().item():6.2f} {x.max().item():6.2f}"
+
+    print(f"{batch:>5} {ctx:>8} blocks {len(t):>4} (working {len(work)}, SMs {len(set(work[:, 6].tolist()))}) "
+          f"span {span:6.2f} us (min/med/max of {reps} calls: "
+          f"{rows[0][0]:.2f}/{span:.2f}/{rows[-1][0]:.2f})")
+    print(f"      start skew {q3(t[:, 0] - t0)} | prologue {q3(work[:, 1] - work[:, 0])} | "
+          f"loop {q3(work[:, 2] - work[:, 1])} | loop end {q3(work[:, 2] - t0)}")
+    print(f"      partial {q3(work[:, 3] - work[:, 2])} | count {q3(work[:, 4] - work[:, 3])} | "
+          f"merge {q3(last[:, 5] - last[:, 4])} | last block's loop end->done "
+          f"{q3(last[:, 5] - last[:, 2])}", flush=True)
+    del tiles
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lib", required=True)
     parser.add_argument("--cases", help="comma-separated batch:context list (default: all)")
-    parser.add_argument("--tq-shape", choices=["auto", "deep", "wide"], default="auto",
+    parser.add_argument("--tq-shape", choices=SHAPES, default="auto",
                         help="TurboQuant block shape (default: the library's choice)")
+    parser.add_argument("--compare", default="",
+                        help="comma-separated other block shapes to time on the same data")
+    parser.add_argument("--timeline", action="store_true",
+                        help="print per-block stage timings (µs, min/median/max over blocks) of "
+                             "single calls instead of the benchmark table")
     args = parser.parse_args()
     lib = load_lib(args.lib)
     props = torch.cuda.get_device_properties(0)
@@ -172,8 +270,13 @@ def main():
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {props.name}, {props.multi_processor_count} SMs, "
           f"torch {torch.__version__}, CUDA {torch.version.cuda}")
     print(f"# decode attention, {N_HEADS} query / {KV_HEADS} KV heads, d={D}, fp16 SDPA "
-          f"(enable_gqa=True) vs ours (block shape {args.tq_shape}); CUDA-graph timing, median "
+          f"(enable_gqa=True) vs ours (block shape {args.tq_shape}); CUDA-graph timing, interleaved, median "
           f"of {REPS} x {CALLS} calls")
+    if args.timeline:
+        print("# timeline: us from the call's first block start; min median max over blocks")
+        for batch, ctx in cases:
+            timeline_case(lib, batch, ctx, SHAPES.index(args.tq_shape))
+        return
     bw = copy_bandwidth()
     print(f"# device-to-device copy bandwidth (read+write): {bw:.0f} GB/s")
     header = (f"{'batch':>5} {'context':>8} {'sdpa_us':>9} {'dense_us':>9} {'tq35_us':>9} "
@@ -181,12 +284,18 @@ def main():
               f"{'dense_err':>9} {'tq_cos':>7}")
     print(header)
     for batch, ctx in cases:
-        r = run_case(lib, batch, ctx, ["auto", "deep", "wide"].index(args.tq_shape))
+        compare = [x for x in args.compare.split(",") if x]
+        r = run_case(lib, batch, ctx, args.tq_shape, compare=compare)
         print(f"{r['batch']:>5} {r['ctx']:>8} {r['sdpa_us']:>9.1f} {r['dense_us']:>9.1f} "
               f"{r['tq_us']:>9.1f} {r['sdpa_us'] / r['tq_us']:>7.2f}x "
               f"{r['dense_us'] / r['tq_us']:>7.2f}x {r['sdpa_gbps']:>9.0f} {r['tq_gbps']:>8.0f} "
               f"{100 * r['tq_gbps'] / bw:>7.0f}% {r['dense_rel_err']:>9.1e} {r['tq_min_cos']:>7.4f}",
               flush=True)
+        for shape, us, diff in r["others"]:
+            gbps = batch * KV_HEADS * ctx * TQ_BYTES_PER_TOKEN_HEAD / (us * 1e3)
+            print(f"{'':>15} {shape:>10}: {us:8.1f} us {r['sdpa_us'] / us:6.2f}x sdpa "
+                  f"{100 * gbps / bw:4.0f}% copy, max |out - out_{args.tq_shape}| {diff:.1e}",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -1,18 +1,17 @@
 // C entry points for attention_bench.py (ctypes). Inputs are device pointers owned by
-// PyTorch. Timing: `calls` attention calls (kernel + merge each) are captured in one CUDA graph,
-// cycling over `copies` cache copies (so the data is read from HBM, not from L2 as it would
-// be by repeating one small cache); the graph is launched `reps` times, each timed with CUDA
-// events; the median divided by `calls` is returned in microseconds. On error: -1 and
-// tkv_last_error() says why.
+// PyTorch. On error: -1 (or nullptr) and tkv_last_error() says why.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention/kernels.h"
+#include "kernels/cuda/attention/params.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/tq_codec.h"
@@ -35,38 +34,39 @@ const TQDeviceCodec& codec_for(uint64_t seed) {
   return *codecs.back();
 }
 
-// call(copy, stream) queues one attention call on cache copy `copy`.
-double time_graph(const std::function<void(int, cudaStream_t)>& call, int copies, int calls,
-                  int reps) {
-  cudaStream_t stream;
-  TURBOKV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  call(0, stream);  // warm-up outside the graph (module load, attribute setup)
-  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  TURBOKV_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < calls; ++i) call(i % copies, stream);
-  TURBOKV_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  TURBOKV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  TURBOKV_CUDA_CHECK(cudaEventCreate(&start));
-  TURBOKV_CUDA_CHECK(cudaEventCreate(&stop));
-  TURBOKV_CUDA_CHECK(cudaGraphLaunch(exec, stream));  // warm
-  std::vector<float> ms(reps);
-  for (int r = 0; r < reps; ++r) {
-    TURBOKV_CUDA_CHECK(cudaEventRecord(start, stream));
-    TURBOKV_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    TURBOKV_CUDA_CHECK(cudaEventRecord(stop, stream));
-    TURBOKV_CUDA_CHECK(cudaEventSynchronize(stop));
-    TURBOKV_CUDA_CHECK(cudaEventElapsedTime(&ms[r], start, stop));
+// A captured graph of `calls` attention calls that can be replayed one timing at a time, so the
+// Python driver can interleave the methods it compares (clock drift hits all of them alike).
+struct TimedGraph {
+  cudaStream_t stream = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  int calls = 0;
+  std::unique_ptr<DeviceBuffer<uint8_t>> workspace;
+  ~TimedGraph() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+    if (stream) cudaStreamDestroy(stream);
   }
-  std::sort(ms.begin(), ms.end());
-  TURBOKV_CUDA_CHECK(cudaGraphExecDestroy(exec));
+};
+
+TimedGraph* capture(const std::function<void(int, cudaStream_t)>& call, int copies, int calls) {
+  auto g = std::make_unique<TimedGraph>();
+  g->calls = calls;
+  TURBOKV_CUDA_CHECK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
+  call(0, g->stream);  // warm-up outside the graph (module load, attribute setup)
+  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(g->stream));
+  cudaGraph_t graph;
+  TURBOKV_CUDA_CHECK(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < calls; ++i) call(i % copies, g->stream);
+  TURBOKV_CUDA_CHECK(cudaStreamEndCapture(g->stream, &graph));
+  TURBOKV_CUDA_CHECK(cudaGraphInstantiate(&g->exec, graph, 0));
   TURBOKV_CUDA_CHECK(cudaGraphDestroy(graph));
-  TURBOKV_CUDA_CHECK(cudaEventDestroy(start));
-  TURBOKV_CUDA_CHECK(cudaEventDestroy(stop));
-  TURBOKV_CUDA_CHECK(cudaStreamDestroy(stream));
-  return 1000.0 * ms[reps / 2] / calls;
+  TURBOKV_CUDA_CHECK(cudaEventCreate(&g->start));
+  TURBOKV_CUDA_CHECK(cudaEventCreate(&g->stop));
+  TURBOKV_CUDA_CHECK(cudaGraphLaunch(g->exec, g->stream));  // warm
+  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(g->stream));
+  return g.release();
 }
 
 template <typename Fn>
@@ -102,6 +102,10 @@ const char* tkv_last_error() {
   return g_error.c_str();
 }
 
+int tkv_max_active_clusters(int cluster_size) {
+  return int(guarded([&] { return double(attn::tq_max_active_clusters(cluster_size)); }));
+}
+
 int tkv_tq_tile_bytes() {
   return TQ35Layout::kTileBytes;
 }
@@ -117,49 +121,104 @@ double tkv_tq_quantize(const float* k, const float* v, const int* start, uint8_t
   });
 }
 
-// tiles: `copies` caches of copy_bytes each. out [batch, 1, n_heads, 128] fp32.
-// shape: 0 auto, 1 deep (12 warps x 3 stages), 2 wide (16 warps x 2 stages).
-double tkv_time_tq_attention(const uint8_t* tiles, int max_tiles, int copies, size_t copy_bytes,
-                             const int* seq_lens, int max_len, const float* q, int batch,
-                             int n_heads, int kv_heads, float scale, float* out, uint64_t seed,
-                             int shape, int calls, int reps) {
+// Block timelines of `reps` single calls (each synchronized): host_out [reps, max_blocks,
+// attn::kTimelinePoints] u64, zero where no block stamped. Returns the number of u64 written.
+double tkv_tq_timeline(const uint8_t* tiles, int max_tiles, const int* seq_lens, int max_len,
+                       const float* q, int batch, int n_heads, int kv_heads, float scale,
+                       float* out, uint64_t seed, int shape, int reps, int max_blocks,
+                       unsigned long long* host_out) {
   return guarded([&] {
     AttentionProblem p = problem(seq_lens, max_len, q, batch, n_heads, kv_heads, scale, out);
-    p.tq_shape = shape == 1   ? TQBlockShape::kDeep
-                 : shape == 2 ? TQBlockShape::kWide
-                              : TQBlockShape::kAuto;
+    p.tq_shape = static_cast<TQBlockShape>(shape);
     const size_t bytes = attention_workspace_bytes(p, CacheKind::kTurboQuant);
     DeviceBuffer<uint8_t> workspace(bytes);
     workspace.zero();
+    const size_t per_rep = size_t(max_blocks) * attn::kTimelinePoints;
+    DeviceBuffer<unsigned long long> timeline(per_rep);
     const TQKernelCodec& codec = codec_for(seed).kernel_codec();
-    return time_graph(
-        [&](int copy, cudaStream_t stream) {
-          tq_attention(codec, {tiles + copy * copy_bytes, max_tiles}, p, workspace.data(), bytes,
-                       stream);
-        },
-        copies, calls, reps);
+    tq_attention(codec, {tiles, max_tiles}, p, workspace.data(), bytes, nullptr);  // warm-up
+    p.timeline = timeline.data();
+    for (int r = 0; r < reps; ++r) {
+      timeline.zero();
+      tq_attention(codec, {tiles, max_tiles}, p, workspace.data(), bytes, nullptr);
+      TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
+      TURBOKV_CUDA_CHECK(cudaMemcpy(host_out + r * per_rep, timeline.data(),
+                                    per_rep * sizeof(unsigned long long),
+                                    cudaMemcpyDeviceToHost));
+    }
+    return double(reps * per_rep);
   });
 }
 
-// k, v: `copies` caches [batch, kv_heads, capacity, 128] fp16 of copy_elems each.
-double tkv_time_dense_attention(const uint16_t* k, const uint16_t* v, int capacity, int copies,
-                                size_t copy_elems, const int* seq_lens, int max_len, const float* q,
-                                int batch, int n_heads, int kv_heads, float scale, float* out,
-                                int calls, int reps) {
-  return guarded([&] {
+// Timing: tkv_tq_graph / tkv_dense_graph capture `calls` attention calls (kernel + merge each)
+// in one CUDA graph, cycling over `copies` cache copies (so the data is read from HBM, not
+// from L2 as it would be by repeating one small cache), and return a handle (nullptr on
+// error); tkv_graph_us replays it once and returns µs per call; tkv_graph_free releases it.
+// tiles: `copies` caches of copy_bytes each; k, v: `copies` caches [batch, kv_heads,
+// capacity, 128] fp16 of copy_elems each; out [batch, 1, n_heads, 128] fp32.
+// shape: index into TQBlockShape (0 auto, 1 deep, 2 wide, 3.. experimental).
+void* tkv_tq_graph(const uint8_t* tiles, int max_tiles, int copies, size_t copy_bytes,
+                   const int* seq_lens, int max_len, const float* q, int batch, int n_heads,
+                   int kv_heads, float scale, float* out, uint64_t seed, int shape, int calls) {
+  TimedGraph* handle = nullptr;
+  guarded([&] {
+    AttentionProblem p = problem(seq_lens, max_len, q, batch, n_heads, kv_heads, scale, out);
+    p.tq_shape = static_cast<TQBlockShape>(shape);
+    const size_t bytes = attention_workspace_bytes(p, CacheKind::kTurboQuant);
+    auto workspace = std::make_unique<DeviceBuffer<uint8_t>>(bytes);
+    workspace->zero();
+    void* ws = workspace->data();
+    const TQKernelCodec& codec = codec_for(seed).kernel_codec();
+    handle = capture(
+        [&](int copy, cudaStream_t stream) {
+          tq_attention(codec, {tiles + copy * copy_bytes, max_tiles}, p, ws, bytes, stream);
+        },
+        copies, calls);
+    handle->workspace = std::move(workspace);
+    return 0.0;
+  });
+  return handle;
+}
+
+void* tkv_dense_graph(const uint16_t* k, const uint16_t* v, int capacity, int copies,
+                      size_t copy_elems, const int* seq_lens, int max_len, const float* q,
+                      int batch, int n_heads, int kv_heads, float scale, float* out, int calls) {
+  TimedGraph* handle = nullptr;
+  guarded([&] {
     const AttentionProblem p = problem(seq_lens, max_len, q, batch, n_heads, kv_heads, scale, out);
     const size_t bytes = attention_workspace_bytes(p, CacheKind::kDense);
-    DeviceBuffer<uint8_t> workspace(bytes);
-    workspace.zero();
-    return time_graph(
+    auto workspace = std::make_unique<DeviceBuffer<uint8_t>>(bytes);
+    workspace->zero();
+    void* ws = workspace->data();
+    handle = capture(
         [&](int copy, cudaStream_t stream) {
           const DenseCacheView cache{reinterpret_cast<const __half*>(k + copy * copy_elems),
                                      reinterpret_cast<const __half*>(v + copy * copy_elems),
                                      capacity};
-          dense_attention(cache, p, workspace.data(), bytes, stream);
+          dense_attention(cache, p, ws, bytes, stream);
         },
-        copies, calls, reps);
+        copies, calls);
+    handle->workspace = std::move(workspace);
+    return 0.0;
   });
+  return handle;
+}
+
+double tkv_graph_us(void* handle) {
+  return guarded([&] {
+    auto* g = static_cast<TimedGraph*>(handle);
+    TURBOKV_CUDA_CHECK(cudaEventRecord(g->start, g->stream));
+    TURBOKV_CUDA_CHECK(cudaGraphLaunch(g->exec, g->stream));
+    TURBOKV_CUDA_CHECK(cudaEventRecord(g->stop, g->stream));
+    TURBOKV_CUDA_CHECK(cudaEventSynchronize(g->stop));
+    float ms = 0;
+    TURBOKV_CUDA_CHECK(cudaEventElapsedTime(&ms, g->start, g->stop));
+    return 1000.0 * ms / g->calls;
+  });
+}
+
+void tkv_graph_free(void* handle) {
+  delete static_cast<TimedGraph*>(handle);
 }
 
 }  // extern "C"

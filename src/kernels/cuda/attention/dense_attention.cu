@@ -20,6 +20,7 @@ constexpr int kTileBytes = kTileTokens * kRowBytes;  // one K or V tile
 constexpr int kStageBytes = 2 * kTileBytes;          // K then V
 constexpr int kWarpBytes = kStages * kStageBytes;
 constexpr int kSmemBytes = kWarps * kWarpBytes;  // 208896
+static_assert(kSmemBytes >= block_partial_scratch_bytes(kWarps), "block merge scratch fits");
 
 // Stages tile `t` (tokens 32t .. 32t+31 of k/v rows [capacity, 128]) into `stage`.
 __device__ __forceinline__ void stage_tile(uint32_t stage, const __half* k, const __half* v, int t,

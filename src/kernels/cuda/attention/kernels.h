@@ -19,6 +19,9 @@ void launch_tq_attention(const AttentionArgs& args, const TQKernelCodec& codec,
                          const uint8_t* tiles, int max_tiles, int batch, TQBlockShape shape,
                          cudaStream_t stream);
 
+// Experiment: clusters of cluster_size blocks of the TurboQuant kernel resident at once.
+int tq_max_active_clusters(int cluster_size);
+
 // k, v [batch, kv_heads, capacity, 128] fp16.
 void launch_dense_attention(const AttentionArgs& args, const __half* k, const __half* v,
                             int capacity, int batch, cudaStream_t stream);

@@ -61,6 +61,7 @@ SplitPlan plan(const AttentionProblem& p, CacheKind kind) {
   plan.acc_floats = partials * attn::kHeadDim;
   plan.ml_pairs = partials;
   a.out = p.out;
+  a.timeline = p.timeline;
   return plan;
 }
 

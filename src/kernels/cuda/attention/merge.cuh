@@ -107,11 +107,17 @@ __device__ __forceinline__ void finish_row_group(const AttentionArgs& a, const B
     if (is_last) *counter = 0;  // ready for the next call
   }
   __syncthreads();
+  stamp(a, kStampCounted);
+  stamp(a, kStampLast, is_last);
   if (!is_last) return;
   __threadfence();
   for (int col = warp; col < kColumns; col += kNumWarps) {
     const int row = bc.row_group * kColumns + col;
     if (row < a.rows) merge_row(a, bc.b, bc.kv_head, row, n_splits, lane);
+  }
+  if (a.timeline != nullptr) {
+    __syncthreads();
+    stamp(a, kStampMerged);
   }
 }
 

@@ -43,6 +43,24 @@ struct AttentionArgs {
   int unrotate = 0;
   float hadamard_scale = 1;
   uint32_t value_sign_flips[4] = {0, 0, 0, 0};
+  // Profiling only (nullptr otherwise): kTimelinePoints stamps per block, see stamp().
+  unsigned long long* timeline = nullptr;
+};
+
+// Timeline points of one block (%globaltimer ns; 0 where the block never got there):
+// entry, prologue done (tables and rotated queries ready), warp 0 out of its tile loop,
+// split partial written, counted in (last block known), merge done (last block only), SM id,
+// 1 if the block merged its row group.
+enum TimelinePoint {
+  kStampEntry,
+  kStampPrologue,
+  kStampLoop,
+  kStampPartial,
+  kStampCounted,
+  kStampMerged,
+  kStampSm,
+  kStampLast,
+  kTimelinePoints
 };
 
 }  // namespace turbokv::cuda::attn

@@ -43,6 +43,16 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// Profiling: thread 0 records `value` (default: %globaltimer) at `point` of this block's
+// timeline when the caller asked for one (AttentionArgs::timeline).
+__device__ __forceinline__ void stamp(const AttentionArgs& a, int point, long long value = -1) {
+  if (a.timeline == nullptr || threadIdx.x != 0) return;
+  unsigned long long t = value;
+  if (value < 0) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  a.timeline[size_t(block) * kTimelinePoints + point] = t;
+}
+
 // Block coordinates and the token limits of the two columns this thread owns.
 struct BlockCoords {
   int b, kv_head, row_group, split;
@@ -52,13 +62,19 @@ struct BlockCoords {
   int unmasked_end;          // tokens below this are visible to every row of the group
 };
 
-__device__ __forceinline__ BlockCoords block_coords(const AttentionArgs& a, int c) {
+// The grid coordinates only (no memory reads).
+__device__ __forceinline__ BlockCoords block_position(const AttentionArgs& a) {
   BlockCoords bc;
   bc.split = blockIdx.x;
   bc.kv_head = blockIdx.y / a.row_groups;
   bc.row_group = blockIdx.y % a.row_groups;
   bc.b = blockIdx.z;
-  const int len = a.seq_lens[bc.b];
+  return bc;
+}
+
+// Completes block_position() once the sequence's length is known.
+__device__ __forceinline__ void set_block_limits(const AttentionArgs& a, int len, int c,
+                                                 BlockCoords& bc) {
   bc.n_tiles = (len + kTileTokens - 1) / kTileTokens;
   bc.tile_begin = bc.split * a.tiles_per_split;
   bc.tile_end = min(bc.tile_begin + a.tiles_per_split, bc.n_tiles);
@@ -67,6 +83,11 @@ __device__ __forceinline__ BlockCoords block_coords(const AttentionArgs& a, int 
     const int row = bc.row_group * kColumns + 2 * c + i;
     bc.limit[i] = row < a.rows ? len - a.n_q + row / a.group + 1 : 0;
   }
+}
+
+__device__ __forceinline__ BlockCoords block_coords(const AttentionArgs& a, int c) {
+  BlockCoords bc = block_position(a);
+  set_block_limits(a, a.seq_lens[bc.b], c, bc);
   return bc;
 }
 
@@ -163,82 +184,87 @@ __device__ __forceinline__ void softmax_tile(WarpState& st, const float (&s)[2][
   }
 }
 
+// Shared-memory rows of the block merge are padded to kPartialRow floats: the stores of a
+// fragment (lanes 4g + c: column 2c + i, dim g + ...) then hit 32 different banks.
+constexpr int kPartialRow = kHeadDim + 4;
+constexpr size_t block_partial_scratch_bytes(int num_warps) {
+  return sizeof(float) * num_warps * kColumns * (kPartialRow + 2);
+}
+
 // Combines the block's warps and writes this split's partial (acc, m, l) for its rows.
-// scratch: >= kNumWarps * (kColumns * kHeadDim + 3 * kColumns) floats of shared memory that
-// no warp reads once every warp has arrived here.
+// scratch: block_partial_scratch_bytes(kNumWarps) of shared memory that no warp reads once
+// every warp has arrived here.
 template <int kNumWarps>
 __device__ __forceinline__ void write_block_partial(WarpState& st, float* scratch,
                                                     const AttentionArgs& a, const BlockCoords& bc,
                                                     int warp, int g, int c) {
-  static_assert(kNumWarps * kColumns <= kNumWarps * 32, "one thread per (warp, column)");
   for (int i = 0; i < 2; ++i) {
     st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 4);
     st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 8);
     st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 16);
   }
-  float* s_acc = scratch;                                  // [kNumWarps, kColumns, kHeadDim]
-  float* s_m = scratch + kNumWarps * kColumns * kHeadDim;  // [kNumWarps, kColumns]
-  float* s_l = s_m + kNumWarps * kColumns;                 // [kNumWarps, kColumns]
-  float* s_w = s_l + kNumWarps * kColumns;                 // [kNumWarps, kColumns] weights
+  float* s_acc = scratch;                                    // [kNumWarps, kColumns, kPartialRow]
+  float* s_m = scratch + kNumWarps * kColumns * kPartialRow;  // [kNumWarps, kColumns]
+  float* s_l = s_m + kNumWarps * kColumns;                    // [kNumWarps, kColumns]
+  const int columns = min(kColumns, a.rows - bc.row_group * kColumns);  // real query rows
   __syncthreads();
 #pragma unroll
-  for (int t = 0; t < 8; ++t) {
+  for (int i = 0; i < 2; ++i) {
+    if (2 * c + i >= columns) continue;  // padding columns are never written out
+    float* row = s_acc + (warp * kColumns + 2 * c + i) * kPartialRow + g;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      s_acc[(warp * kColumns + 2 * c + j % 2) * kHeadDim + 16 * t + g + 8 * (j / 2)] = st.acc[t][j];
+    for (int t = 0; t < 8; ++t) {
+      row[16 * t] = st.acc[t][i];
+      row[16 * t + 8] = st.acc[t][i + 2];
     }
-  }
-  if (g == 0) {
-    for (int i = 0; i < 2; ++i) {
+    if (g == 0) {
       s_m[warp * kColumns + 2 * c + i] = st.m[i];
       s_l[warp * kColumns + 2 * c + i] = st.l[i];
     }
   }
   __syncthreads();
-  // Weight of warp w in column col: 2^(m_w - max_w m_w) (0 when the column saw no token).
-  if (threadIdx.x < kNumWarps * kColumns) {
-    const int col = threadIdx.x % kColumns;
-    float m = -INFINITY;
-    for (int w = 0; w < kNumWarps; ++w) m = fmaxf(m, s_m[w * kColumns + col]);
-    const float mine = s_m[threadIdx.x];
-    s_w[threadIdx.x] = m == -INFINITY ? 0.0f : fast_exp2(mine - m);
-  }
-  __syncthreads();
+  // out = sum_w 2^(m_w - m) acc_w with m = max_w m_w (weight 0 where a warp saw no token).
   const size_t first =
       ((size_t(bc.b) * a.kv_heads + bc.kv_head) * a.rows + bc.row_group * kColumns) * a.splits +
       bc.split;
-  for (int idx = threadIdx.x; idx < kColumns * kHeadDim; idx += blockDim.x) {
+  for (int idx = threadIdx.x; idx < columns * kHeadDim; idx += blockDim.x) {
     const int col = idx / kHeadDim;
     const int d = idx % kHeadDim;
-    if (bc.row_group * kColumns + col >= a.rows) continue;
-    float acc = 0;
+    float m = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kNumWarps; ++w) {
-      acc += s_acc[(w * kColumns + col) * kHeadDim + d] * s_w[w * kColumns + col];
+    for (int w = 0; w < kNumWarps; ++w) m = fmaxf(m, s_m[w * kColumns + col]);
+    float acc = 0, l = 0;
+    if (m != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kNumWarps; ++w) {
+        const float weight = fast_exp2(s_m[w * kColumns + col] - m);
+        acc += s_acc[(w * kColumns + col) * kPartialRow + d] * weight;
+        l += s_l[w * kColumns + col] * weight;
+      }
     }
     const size_t p = first + size_t(col) * a.splits;
     a.part_acc[p * kHeadDim + d] = acc;
-    if (d == 0) {
-      float m = -INFINITY, l = 0;
-      for (int w = 0; w < kNumWarps; ++w) {
-        m = fmaxf(m, s_m[w * kColumns + col]);
-        l += s_l[w * kColumns + col] * s_w[w * kColumns + col];
-      }
-      a.part_ml[p] = make_float2(m, l);
-    }
+    if (d == 0) a.part_ml[p] = make_float2(m, l);
   }
 }
 
-// Rotated query rows for the score MMA: warp w < kColumns loads row w of the block (zeros for
-// padding rows), applies R = H diag(s) * scale with butterflies across lanes (lane l holds
-// dims 4l .. 4l+3; h = 1, 2 in the lane, h >= 4 by shuffles) and stores it to q_rot[w].
-// No rotation (dense): rotate = false, scale = 1.
-__device__ __forceinline__ void load_query_row(const AttentionArgs& a, const BlockCoords& bc,
-                                               int warp, int lane, bool rotate, uint4 flips,
-                                               float scale, float (*q_rot)[kHeadDim]) {
-  if (warp >= kColumns) return;
+// Lane's 4 dims of query row `warp` of the block (zeros for padding rows and warps past the
+// block's kColumns rows). Needs no sequence length: it can be loaded first thing.
+__device__ __forceinline__ float4 fetch_query_row(const AttentionArgs& a, const BlockCoords& bc,
+                                                  int warp, int lane) {
+  if (warp >= kColumns) return make_float4(0, 0, 0, 0);
   const float* q = query_row(a, bc, warp);
-  float4 x4 = q != nullptr ? reinterpret_cast<const float4*>(q)[lane] : make_float4(0, 0, 0, 0);
+  return q != nullptr ? reinterpret_cast<const float4*>(q)[lane] : make_float4(0, 0, 0, 0);
+}
+
+// Rotated query rows for the score MMA: warp w < kColumns takes row w of the block (x4: the
+// lane's dims 4l .. 4l+3 from fetch_query_row), applies R = H diag(s) * scale with butterflies
+// across lanes (h = 1, 2 in the lane, h >= 4 by shuffles) and stores it to q_rot[w].
+// No rotation (dense): rotate = false, scale = 1.
+__device__ __forceinline__ void rotate_query_row(float4 x4, int warp, int lane, bool rotate,
+                                                 uint4 flips, float scale,
+                                                 float (*q_rot)[kHeadDim]) {
+  if (warp >= kColumns) return;
   float o[4] = {x4.x, x4.y, x4.z, x4.w};
   if (rotate) {
     const uint32_t word = lane < 8 ? flips.x : lane < 16 ? flips.y : lane < 24 ? flips.z : flips.w;
@@ -268,6 +294,12 @@ __device__ __forceinline__ void load_query_row(const AttentionArgs& a, const Blo
   }
   reinterpret_cast<float4*>(q_rot[warp])[lane] =
       make_float4(o[0] * scale, o[1] * scale, o[2] * scale, o[3] * scale);
+}
+
+__device__ __forceinline__ void load_query_row(const AttentionArgs& a, const BlockCoords& bc,
+                                               int warp, int lane, bool rotate, uint4 flips,
+                                               float scale, float (*q_rot)[kHeadDim]) {
+  rotate_query_row(fetch_query_row(a, bc, warp, lane), warp, lane, rotate, flips, scale, q_rot);
 }
 
 }  // namespace turbokv::cuda::attn
