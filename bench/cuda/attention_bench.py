@@ -36,14 +36,14 @@ def load_lib(path):
     lib.tkv_tq_quantize.restype = D64
     lib.tkv_tq_quantize.argtypes = [P, P, P, P, I, I, I, I, U64]
     lib.tkv_tq_graph.restype = P
-    lib.tkv_tq_graph.argtypes = [P, I, I, S, P, I, P, I, I, I, F32, P, U64, I, I]
+    lib.tkv_tq_graph.argtypes = [P, I, I, S, P, I, P, I, I, I, F32, P, U64, I]
     lib.tkv_dense_graph.restype = P
     lib.tkv_dense_graph.argtypes = [P, P, I, I, S, P, I, P, I, I, I, F32, P, I]
     lib.tkv_graph_us.restype = D64
     lib.tkv_graph_us.argtypes = [P]
     lib.tkv_graph_free.argtypes = [P]
     lib.tkv_tq_timeline.restype = D64
-    lib.tkv_tq_timeline.argtypes = [P, I, P, I, P, I, I, I, F32, P, U64, I, I, I, P]
+    lib.tkv_tq_timeline.argtypes = [P, I, P, I, P, I, I, I, F32, P, U64, I, I, P]
     return lib
 
 
@@ -117,11 +117,7 @@ def copy_bandwidth():
     return 2 * n / (times[len(times) // 2] * 1e-3) / 1e9
 
 
-SHAPES = ["auto", "deep", "wide", "direct12", "direct12k1v0", "stream1", "regs", "regs_qfirst", "regs_phase",
-          "bulk12x3", "bulk16x2", "bulk8x5"]
-
-
-def run_case(lib, batch, ctx, tq_shape, seed=0, compare=()):
+def run_case(lib, batch, ctx, seed=0):
     torch.manual_seed(seed)
     dev = "cuda"
     scale = 1.0 / math.sqrt(D)
@@ -156,31 +152,23 @@ def run_case(lib, batch, ctx, tq_shape, seed=0, compare=()):
 
     out_tq = torch.empty(batch, 1, N_HEADS, D, device=dev)
     out_dense = torch.empty_like(out_tq)
-    shapes = [tq_shape] + [x for x in compare if x != tq_shape]
-    outs = {sh: (out_tq if sh == tq_shape else torch.empty_like(out_tq)) for sh in shapes}
-    handles = []
-    timers = {}
-    for sh in shapes:
-        h = lib.tkv_tq_graph(tiles.data_ptr(), max_tiles, tq_copies, tq_copy, lens.data_ptr(), ctx,
-                             q32.data_ptr(), batch, N_HEADS, KV_HEADS, scale,
-                             outs[sh].data_ptr(), seed, SHAPES.index(sh), CALLS)
-        timers["tq:" + sh] = lib_graph_timer(lib, h, f"tq attention ({sh})")
-        handles.append(h)
-    h = lib.tkv_dense_graph(k.data_ptr(), v.data_ptr(), ctx, f16_copies,
-                            batch * KV_HEADS * ctx * D, lens.data_ptr(), ctx, q32.data_ptr(),
-                            batch, N_HEADS, KV_HEADS, scale, out_dense.data_ptr(), CALLS)
-    timers["dense"] = lib_graph_timer(lib, h, "dense attention")
-    handles.append(h)
+    tq = lib.tkv_tq_graph(tiles.data_ptr(), max_tiles, tq_copies, tq_copy, lens.data_ptr(), ctx,
+                          q32.data_ptr(), batch, N_HEADS, KV_HEADS, scale, out_tq.data_ptr(), seed,
+                          CALLS)
+    dense = lib.tkv_dense_graph(k.data_ptr(), v.data_ptr(), ctx, f16_copies,
+                                batch * KV_HEADS * ctx * D, lens.data_ptr(), ctx, q32.data_ptr(),
+                                batch, N_HEADS, KV_HEADS, scale, out_dense.data_ptr(), CALLS)
 
     def sdpa(i):
         F.scaled_dot_product_attention(q, k[i % f16_copies], v[i % f16_copies], enable_gqa=True)
-    timers["sdpa"], sdpa_graph = torch_graph_timer(sdpa)
-    us = time_interleaved(timers)
-    for h in handles:
-        lib.tkv_graph_free(h)
+    sdpa_timer, sdpa_graph = torch_graph_timer(sdpa)
+    us = time_interleaved({"tq": lib_graph_timer(lib, tq, "tq attention"),
+                           "dense": lib_graph_timer(lib, dense, "dense attention"),
+                           "sdpa": sdpa_timer})
+    lib.tkv_graph_free(tq)
+    lib.tkv_graph_free(dense)
     del sdpa_graph
-    tq_us, dense_us, sdpa_us = us["tq:" + tq_shape], us["dense"], us["sdpa"]
-    others = [(sh, us["tq:" + sh], (outs[sh] - out_tq).abs().max().item()) for sh in shapes[1:]]
+    tq_us, dense_us, sdpa_us = us["tq"], us["dense"], us["sdpa"]
 
     # Sanity in the same run: our dense kernel equals SDPA up to fp16; TurboQuant is close.
     ref = F.scaled_dot_product_attention(q, k[0], v[0], enable_gqa=True).float()  # [b, h, 1, d]
@@ -194,13 +182,13 @@ def run_case(lib, batch, ctx, tq_shape, seed=0, compare=()):
                 tq_gbps=tokens * TQ_BYTES_PER_TOKEN_HEAD / (tq_us * 1e3),
                 sdpa_gbps=tokens * F16_BYTES_PER_TOKEN_HEAD / (sdpa_us * 1e3),
                 dense_gbps=tokens * F16_BYTES_PER_TOKEN_HEAD / (dense_us * 1e3),
-                dense_rel_err=dense_err, tq_min_cos=tq_cos, others=others)
+                dense_rel_err=dense_err, tq_min_cos=tq_cos)
 
 
 TIMELINE_POINTS = 8  # attn::kTimelinePoints: entry, prologue, loop, partial, counted, merged, sm, last
 
 
-def timeline_case(lib, batch, ctx, tq_shape, reps=7, seed=0):
+def timeline_case(lib, batch, ctx, reps=7, seed=0):
     """Per-block %globaltimer stamps of single calls: where a call's time goes."""
     torch.manual_seed(seed)
     tile_bytes = lib.tkv_tq_tile_bytes()
@@ -221,7 +209,7 @@ def timeline_case(lib, batch, ctx, tq_shape, reps=7, seed=0):
     host = torch.zeros(reps, max_blocks, TIMELINE_POINTS, dtype=torch.int64)
     check(lib, lib.tkv_tq_timeline(tiles.data_ptr(), max_tiles, lens.data_ptr(), ctx, q.data_ptr(),
                                    batch, N_HEADS, KV_HEADS, 1.0 / math.sqrt(D), out.data_ptr(),
-                                   seed, tq_shape, reps, max_blocks, host.data_ptr()), "timeline")
+                                   seed, reps, max_blocks, host.data_ptr()), "timeline")
     rows = []
     for r in range(reps):
         t = host[r]
@@ -253,10 +241,6 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lib", required=True)
     parser.add_argument("--cases", help="comma-separated batch:context list (default: all)")
-    parser.add_argument("--tq-shape", choices=SHAPES, default="auto",
-                        help="TurboQuant block shape (default: the library's choice)")
-    parser.add_argument("--compare", default="",
-                        help="comma-separated other block shapes to time on the same data")
     parser.add_argument("--timeline", action="store_true",
                         help="print per-block stage timings (µs, min/median/max over blocks) of "
                              "single calls instead of the benchmark table")
@@ -270,12 +254,12 @@ def main():
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {props.name}, {props.multi_processor_count} SMs, "
           f"torch {torch.__version__}, CUDA {torch.version.cuda}")
     print(f"# decode attention, {N_HEADS} query / {KV_HEADS} KV heads, d={D}, fp16 SDPA "
-          f"(enable_gqa=True) vs ours (block shape {args.tq_shape}); CUDA-graph timing, interleaved, median "
+          f"(enable_gqa=True) vs ours; CUDA-graph timing, interleaved, median "
           f"of {REPS} x {CALLS} calls")
     if args.timeline:
         print("# timeline: us from the call's first block start; min median max over blocks")
         for batch, ctx in cases:
-            timeline_case(lib, batch, ctx, SHAPES.index(args.tq_shape))
+            timeline_case(lib, batch, ctx)
         return
     bw = copy_bandwidth()
     print(f"# device-to-device copy bandwidth (read+write): {bw:.0f} GB/s")
@@ -284,18 +268,12 @@ def main():
               f"{'dense_err':>9} {'tq_cos':>7}")
     print(header)
     for batch, ctx in cases:
-        compare = [x for x in args.compare.split(",") if x]
-        r = run_case(lib, batch, ctx, args.tq_shape, compare=compare)
+        r = run_case(lib, batch, ctx)
         print(f"{r['batch']:>5} {r['ctx']:>8} {r['sdpa_us']:>9.1f} {r['dense_us']:>9.1f} "
               f"{r['tq_us']:>9.1f} {r['sdpa_us'] / r['tq_us']:>7.2f}x "
               f"{r['dense_us'] / r['tq_us']:>7.2f}x {r['sdpa_gbps']:>9.0f} {r['tq_gbps']:>8.0f} "
               f"{100 * r['tq_gbps'] / bw:>7.0f}% {r['dense_rel_err']:>9.1e} {r['tq_min_cos']:>7.4f}",
               flush=True)
-        for shape, us, diff in r["others"]:
-            gbps = batch * KV_HEADS * ctx * TQ_BYTES_PER_TOKEN_HEAD / (us * 1e3)
-            print(f"{'':>15} {shape:>10}: {us:8.1f} us {r['sdpa_us'] / us:6.2f}x sdpa "
-                  f"{100 * gbps / bw:4.0f}% copy, max |out - out_{args.tq_shape}| {diff:.1e}",
-                  flush=True)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "kernels/cuda/attention.h"
-#include "kernels/cuda/attention/kernels.h"
 #include "kernels/cuda/attention/params.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
@@ -102,10 +101,6 @@ const char* tkv_last_error() {
   return g_error.c_str();
 }
 
-int tkv_max_active_clusters(int cluster_size) {
-  return int(guarded([&] { return double(attn::tq_max_active_clusters(cluster_size)); }));
-}
-
 int tkv_tq_tile_bytes() {
   return TQ35Layout::kTileBytes;
 }
@@ -125,11 +120,10 @@ double tkv_tq_quantize(const float* k, const float* v, const int* start, uint8_t
 // attn::kTimelinePoints] u64, zero where no block stamped. Returns the number of u64 written.
 double tkv_tq_timeline(const uint8_t* tiles, int max_tiles, const int* seq_lens, int max_len,
                        const float* q, int batch, int n_heads, int kv_heads, float scale,
-                       float* out, uint64_t seed, int shape, int reps, int max_blocks,
+                       float* out, uint64_t seed, int reps, int max_blocks,
                        unsigned long long* host_out) {
   return guarded([&] {
     AttentionProblem p = problem(seq_lens, max_len, q, batch, n_heads, kv_heads, scale, out);
-    p.tq_shape = static_cast<TQBlockShape>(shape);
     const size_t bytes = attention_workspace_bytes(p, CacheKind::kTurboQuant);
     DeviceBuffer<uint8_t> workspace(bytes);
     workspace.zero();
@@ -156,14 +150,12 @@ double tkv_tq_timeline(const uint8_t* tiles, int max_tiles, const int* seq_lens,
 // error); tkv_graph_us replays it once and returns µs per call; tkv_graph_free releases it.
 // tiles: `copies` caches of copy_bytes each; k, v: `copies` caches [batch, kv_heads,
 // capacity, 128] fp16 of copy_elems each; out [batch, 1, n_heads, 128] fp32.
-// shape: index into TQBlockShape (0 auto, 1 deep, 2 wide, 3.. experimental).
 void* tkv_tq_graph(const uint8_t* tiles, int max_tiles, int copies, size_t copy_bytes,
                    const int* seq_lens, int max_len, const float* q, int batch, int n_heads,
-                   int kv_heads, float scale, float* out, uint64_t seed, int shape, int calls) {
+                   int kv_heads, float scale, float* out, uint64_t seed, int calls) {
   TimedGraph* handle = nullptr;
   guarded([&] {
-    AttentionProblem p = problem(seq_lens, max_len, q, batch, n_heads, kv_heads, scale, out);
-    p.tq_shape = static_cast<TQBlockShape>(shape);
+    const AttentionProblem p = problem(seq_lens, max_len, q, batch, n_heads, kv_heads, scale, out);
     const size_t bytes = attention_workspace_bytes(p, CacheKind::kTurboQuant);
     auto workspace = std::make_unique<DeviceBuffer<uint8_t>>(bytes);
     workspace->zero();

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (the device tool), from the repo root: the CUDA tests,
-# compute-sanitizer memcheck on the test binary, the attention benchmark, and an ncu profile
-# of both attention kernels at batch 1, 128k. Logs go to OUT_DIR; the benchmark table also to
-# bench/results/<date>-<gpu>-attention.txt.
+# compute-sanitizer memcheck on the test binary, the attention benchmark, per-block timelines
+# of single calls, and an ncu profile of the TurboQuant kernel at batch 1, 128k. Logs go to
+# OUT_DIR; the benchmark table also to bench/results/<date>-<gpu>-attention.txt.
 # usage: bench/cuda/run_device.sh BIN_DIR OUT_DIR    (BIN_DIR: cuda_tests and
 #        libturbokv_cuda_bench.so, built with `cmake --build build --target cuda_tests
 #        turbokv_cuda_bench`)
@@ -28,6 +28,10 @@ result="bench/results/$(date -u +%Y-%m-%d)-$gpu-attention.txt"
 PYTHONUNBUFFERED=1 python3 bench/cuda/attention_bench.py --lib "$bin/libturbokv_cuda_bench.so" \
   ${BENCH_CASES:+--cases "$BENCH_CASES"} | tee "$out/bench.txt" || status=1
 cp "$out/bench.txt" "$out/$(basename "$result")"
+
+echo "== timeline (where one call's time goes, batch 1)"
+PYTHONUNBUFFERED=1 python3 bench/cuda/attention_bench.py --lib "$bin/libturbokv_cuda_bench.so" \
+  --timeline --cases 1:4096,1:131072,1:524288 | tee "$out/timeline.txt" || status=1
 
 if [ -z "${SKIP_NCU:-}" ]; then
   echo "== ncu (first launch of the TurboQuant kernel, batch:context ${NCU_CASE:=1:131072})"

@@ -47,8 +47,7 @@ int max_len(const Case& c) {
 // NaN before each; returns the second output.
 template <typename Attend>
 std::vector<float> run_attention(const Case& c, const std::vector<float>& q, float scale,
-                                 CacheKind kind, Attend attend,
-                                 TQBlockShape shape = TQBlockShape::kAuto) {
+                                 CacheKind kind, Attend attend) {
   auto d_q = DeviceBuffer<float>::upload(q);
   auto d_lens = DeviceBuffer<int>::upload(c.lens);
   DeviceBuffer<float> d_out(q.size());
@@ -63,7 +62,6 @@ std::vector<float> run_attention(const Case& c, const std::vector<float>& q, flo
   p.kv_heads = c.kv_heads;
   p.max_len = max_len(c);
   p.scale = scale;
-  p.tq_shape = shape;
   const size_t bytes = attention_workspace_bytes(p, kind);
   DeviceBuffer<uint8_t> workspace(bytes);
   workspace.zero();
@@ -119,20 +117,13 @@ void check_turboquant(const Case& c, uint64_t seed) {
   };
   const std::vector<float> ref = testing::reference_attention(
       q, c.lens, c.n_q, c.n_heads, c.kv_heads, kD, scale, at(k_hat), at(v_hat));
-  for (int shape_index = 0; shape_index <= int(TQBlockShape::kBulk8x5); ++shape_index) {
-    const auto shape = TQBlockShape(shape_index);
-    if (shape == TQBlockShape::kProbeStream1) continue;
-    SCOPED_TRACE(int(shape));
-    const std::vector<float> out = run_attention(
-        c, q, scale, CacheKind::kTurboQuant,
-        [&](auto& p, void* ws, size_t bytes) {
-          tq_attention(codec.kernel_codec(), {tiles.data(), max_tiles}, p, ws, bytes, nullptr);
-        },
-        shape);
-    const double err = testing::max_row_relative_error(out, ref, kD);
-    std::printf("  turboquant (block shape %d) max row relative error %.2e\n", int(shape), err);
-    EXPECT_LT(err, 4e-3);  // fp16 query, centroids and probabilities
-  }
+  const std::vector<float> out =
+      run_attention(c, q, scale, CacheKind::kTurboQuant, [&](auto& p, void* ws, size_t bytes) {
+        tq_attention(codec.kernel_codec(), {tiles.data(), max_tiles}, p, ws, bytes, nullptr);
+      });
+  const double err = testing::max_row_relative_error(out, ref, kD);
+  std::printf("  turboquant max row relative error %.2e\n", err);
+  EXPECT_LT(err, 4e-3);  // fp16 query, centroids and probabilities
 }
 
 void check_dense(const Case& c, uint64_t seed) {

@@ -20,25 +20,6 @@ namespace turbokv::cuda {
 
 enum class CacheKind { kTurboQuant, kDense };
 
-// Block shape of the TurboQuant kernel (one block per SM either way). kDeep: 12 warps, 3
-// stages (2 tiles in flight per warp), faster when each block has few tiles; kWide: 16 warps,
-// 2 stages, faster on long splits. kAuto picks kWide from 256 tiles per split on (measured on
-// an H200, see README).
-enum class TQBlockShape {
-  kAuto,
-  kDeep,
-  kWide,
-  kDirect12,
-  kDirect12k1v0,
-  kProbeStream1,
-  kRegs,
-  kRegsQFirst,
-  kRegsPhase,
-  kBulk12x3,
-  kBulk16x2,
-  kBulk8x5
-};
-
 struct AttentionProblem {
   const float* q = nullptr;
   const int* seq_lens = nullptr;
@@ -49,7 +30,6 @@ struct AttentionProblem {
   int kv_heads = 0;
   int max_len = 0;  // host-side max of seq_lens (sizes the split grid); every len >= n_q
   float scale = 0;  // score = scale * <q, k>
-  TQBlockShape tq_shape = TQBlockShape::kAuto;
   // Profiling only: when set, the TurboQuant kernel writes attn::kTimelinePoints %globaltimer
   // stamps per block here (attention/params.h says which); grid order, device memory.
   unsigned long long* timeline = nullptr;

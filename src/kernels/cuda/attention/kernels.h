@@ -16,11 +16,7 @@ namespace turbokv::cuda::attn {
 // grid (splits, kv_heads * row_groups, batch); tiles [batch, kv_heads, max_tiles, 3712 B].
 // One block per SM whatever the shape.
 void launch_tq_attention(const AttentionArgs& args, const TQKernelCodec& codec,
-                         const uint8_t* tiles, int max_tiles, int batch, TQBlockShape shape,
-                         cudaStream_t stream);
-
-// Experiment: clusters of cluster_size blocks of the TurboQuant kernel resident at once.
-int tq_max_active_clusters(int cluster_size);
+                         const uint8_t* tiles, int max_tiles, int batch, cudaStream_t stream);
 
 // k, v [batch, kv_heads, capacity, 128] fp16.
 void launch_dense_attention(const AttentionArgs& args, const __half* k, const __half* v,

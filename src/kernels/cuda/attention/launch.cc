@@ -95,16 +95,11 @@ void tq_attention(const TQKernelCodec& codec, const TQCacheView& cache,
                                   " exceeds the cache capacity of ", cache.max_tiles, " tiles"));
   }
   bind_workspace(p, workspace, workspace_bytes);
-  TQBlockShape shape = problem.tq_shape;
-  if (shape == TQBlockShape::kAuto) {
-    shape = p.args.tiles_per_split >= 256 ? TQBlockShape::kWide : TQBlockShape::kDeep;
-  }
   p.args.unrotate = 1;
   p.args.hadamard_scale = codec.hadamard_scale;
   std::copy(std::begin(codec.value_sign_flips), std::end(codec.value_sign_flips),
             p.args.value_sign_flips);
-  attn::launch_tq_attention(p.args, codec, cache.tiles, cache.max_tiles, problem.batch, shape,
-                            stream);
+  attn::launch_tq_attention(p.args, codec, cache.tiles, cache.max_tiles, problem.batch, stream);
   TURBOKV_CUDA_CHECK_LAUNCH();
 }
 
