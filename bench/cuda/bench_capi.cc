@@ -93,6 +93,25 @@ AttentionProblem problem(const int* seq_lens, int max_len, const float* q, int b
   return p;
 }
 
+// A TimedGraph of `calls` calls attend(copy, stream, workspace, workspace_bytes), with a
+// zeroed workspace sized for p that the graph owns; nullptr (and g_error) on error.
+template <typename Attend>
+void* graph_of_calls(const AttentionProblem& p, CacheKind kind, int copies, int calls,
+                     Attend attend) {
+  TimedGraph* handle = nullptr;
+  guarded([&] {
+    const size_t bytes = attention_workspace_bytes(p, kind);
+    auto workspace = std::make_unique<DeviceBuffer<uint8_t>>(bytes);
+    workspace->zero();
+    void* ws = workspace->data();
+    handle = capture([&](int copy, cudaStream_t stream) { attend(copy, stream, ws, bytes); },
+                     copies, calls);
+    handle->workspace = std::move(workspace);
+    return 0.0;
+  });
+  return handle;
+}
+
 }  // namespace
 
 extern "C" {
@@ -153,47 +172,26 @@ double tkv_tq_timeline(const uint8_t* tiles, int max_tiles, const int* seq_lens,
 void* tkv_tq_graph(const uint8_t* tiles, int max_tiles, int copies, size_t copy_bytes,
                    const int* seq_lens, int max_len, const float* q, int batch, int n_heads,
                    int kv_heads, float scale, float* out, uint64_t seed, int calls) {
-  TimedGraph* handle = nullptr;
-  guarded([&] {
-    const AttentionProblem p = problem(seq_lens, max_len, q, batch, n_heads, kv_heads, scale, out);
-    const size_t bytes = attention_workspace_bytes(p, CacheKind::kTurboQuant);
-    auto workspace = std::make_unique<DeviceBuffer<uint8_t>>(bytes);
-    workspace->zero();
-    void* ws = workspace->data();
-    const TQKernelCodec& codec = codec_for(seed).kernel_codec();
-    handle = capture(
-        [&](int copy, cudaStream_t stream) {
-          tq_attention(codec, {tiles + copy * copy_bytes, max_tiles}, p, ws, bytes, stream);
-        },
-        copies, calls);
-    handle->workspace = std::move(workspace);
-    return 0.0;
-  });
-  return handle;
+  const AttentionProblem p = problem(seq_lens, max_len, q, batch, n_heads, kv_heads, scale, out);
+  return graph_of_calls(p, CacheKind::kTurboQuant, copies, calls,
+                        [&](int copy, cudaStream_t stream, void* ws, size_t bytes) {
+                          tq_attention(codec_for(seed).kernel_codec(),
+                                       {tiles + copy * copy_bytes, max_tiles}, p, ws, bytes,
+                                       stream);
+                        });
 }
 
 void* tkv_dense_graph(const uint16_t* k, const uint16_t* v, int capacity, int copies,
                       size_t copy_elems, const int* seq_lens, int max_len, const float* q,
                       int batch, int n_heads, int kv_heads, float scale, float* out, int calls) {
-  TimedGraph* handle = nullptr;
-  guarded([&] {
-    const AttentionProblem p = problem(seq_lens, max_len, q, batch, n_heads, kv_heads, scale, out);
-    const size_t bytes = attention_workspace_bytes(p, CacheKind::kDense);
-    auto workspace = std::make_unique<DeviceBuffer<uint8_t>>(bytes);
-    workspace->zero();
-    void* ws = workspace->data();
-    handle = capture(
-        [&](int copy, cudaStream_t stream) {
-          const DenseCacheView cache{reinterpret_cast<const __half*>(k + copy * copy_elems),
-                                     reinterpret_cast<const __half*>(v + copy * copy_elems),
-                                     capacity};
-          dense_attention(cache, p, ws, bytes, stream);
-        },
-        copies, calls);
-    handle->workspace = std::move(workspace);
-    return 0.0;
-  });
-  return handle;
+  const AttentionProblem p = problem(seq_lens, max_len, q, batch, n_heads, kv_heads, scale, out);
+  return graph_of_calls(p, CacheKind::kDense, copies, calls,
+                        [&](int copy, cudaStream_t stream, void* ws, size_t bytes) {
+                          const DenseCacheView cache{
+                              reinterpret_cast<const __half*>(k + copy * copy_elems),
+                              reinterpret_cast<const __half*>(v + copy * copy_elems), capacity};
+                          dense_attention(cache, p, ws, bytes, stream);
+                        });
 }
 
 double tkv_graph_us(void* handle) {
