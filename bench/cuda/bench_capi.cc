@@ -156,8 +156,7 @@ double tkv_tq_timeline(const uint8_t* tiles, int max_tiles, const int* seq_lens,
       tq_attention(codec, {tiles, max_tiles}, p, workspace.data(), bytes, nullptr);
       TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
       TURBOKV_CUDA_CHECK(cudaMemcpy(host_out + r * per_rep, timeline.data(),
-                                    per_rep * sizeof(unsigned long long),
-                                    cudaMemcpyDeviceToHost));
+                                    per_rep * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
     }
     return double(reps * per_rep);
   });

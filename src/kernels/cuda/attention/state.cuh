@@ -203,7 +203,7 @@ __device__ __forceinline__ void write_block_partial(WarpState& st, float* scratc
     st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 8);
     st.l[i] += __shfl_xor_sync(0xffffffffu, st.l[i], 16);
   }
-  float* s_acc = scratch;                                    // [kNumWarps, kColumns, kPartialRow]
+  float* s_acc = scratch;                                     // [kNumWarps, kColumns, kPartialRow]
   float* s_m = scratch + kNumWarps * kColumns * kPartialRow;  // [kNumWarps, kColumns]
   float* s_l = s_m + kNumWarps * kColumns;                    // [kNumWarps, kColumns]
   const int columns = min(kColumns, a.rows - bc.row_group * kColumns);  // real query rows

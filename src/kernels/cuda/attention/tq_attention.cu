@@ -52,7 +52,8 @@ __device__ __forceinline__ void fill_tables(char* tables, const TQKernelCodec& c
     char* row = tables + (16 * hi + lane % 16) * kTableRowBytes;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      *reinterpret_cast<uint4*>(row + 16 * (lane / 16 + 2 * k)) = make_uint4(pair, pair, pair, pair);
+      *reinterpret_cast<uint4*>(row + 16 * (lane / 16 + 2 * k)) =
+          make_uint4(pair, pair, pair, pair);
     }
   }
   if (warp < 8) {
@@ -269,7 +270,8 @@ void launch_tq_attention(const AttentionArgs& args, const TQKernelCodec& codec,
   }();
   (void)configured;
   const dim3 grid(args.splits, args.kv_heads * args.row_groups, batch);
-  tq_attention_kernel<<<grid, kBlockWarps * 32, kSmemBytes, stream>>>(args, codec, tiles, max_tiles);
+  tq_attention_kernel<<<grid, kBlockWarps * 32, kSmemBytes, stream>>>(args, codec, tiles,
+                                                                      max_tiles);
 }
 
 }  // namespace turbokv::cuda::attn
