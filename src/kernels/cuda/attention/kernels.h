@@ -14,7 +14,7 @@
 namespace turbokv::cuda::attn {
 
 // grid (splits, kv_heads * row_groups, batch); tiles [batch, kv_heads, max_tiles, 3712 B].
-// One block per SM whatever the shape.
+// One block of 12 warps per SM.
 void launch_tq_attention(const AttentionArgs& args, const TQKernelCodec& codec,
                          const uint8_t* tiles, int max_tiles, int batch, cudaStream_t stream);
 

@@ -28,7 +28,7 @@ namespace {
 
 using L = TQ35Layout;
 
-constexpr int kBlockWarps = 12;  // 168 registers per thread: one block per SM
+constexpr int kBlockWarps = 12;  // up to 168 registers per thread (65536 / 384): one block per SM
 
 // Operand tables, row e (256 B): [value pair e, lanes 0..31][key pair e (e < 64), lanes 0..31].
 // They sit at a 64 KB-aligned shared address A, so a lookup address is one LOP3 (keys) or one
