@@ -56,11 +56,7 @@ __device__ __forceinline__ void process_staged(uint32_t stage, int tile_token0,
   const float kmul[4] = {scale_log2, scale_log2, scale_log2, scale_log2};
   const float vmul[4] = {1, 1, 1, 1};
   uint32_t pb[2][2];
-  if (tile_needs_mask(bc, tile_token0)) {
-    softmax_tile<true>(st, s, kmul, vmul, tile_token0, bc.limit, g, pb);
-  } else {
-    softmax_tile<false>(st, s, kmul, vmul, tile_token0, bc.limit, g, pb);
-  }
+  softmax_any_tile(st, s, kmul, vmul, tile_token0, bc, g, pb);
 #pragma unroll
   for (int kb = 0; kb < 2; ++kb) {
 #pragma unroll

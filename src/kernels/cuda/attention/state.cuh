@@ -184,6 +184,19 @@ __device__ __forceinline__ void softmax_tile(WarpState& st, const float (&s)[2][
   }
 }
 
+// softmax_tile for the tile at tile_token0, masking per token only where tile_needs_mask says
+// some token is hidden from some row.
+__device__ __forceinline__ void softmax_any_tile(WarpState& st, const float (&s)[2][4],
+                                                 const float (&kmul)[4], const float (&vmul)[4],
+                                                 int tile_token0, const BlockCoords& bc, int g,
+                                                 uint32_t (&pb)[2][2]) {
+  if (tile_needs_mask(bc, tile_token0)) {
+    softmax_tile<true>(st, s, kmul, vmul, tile_token0, bc.limit, g, pb);
+  } else {
+    softmax_tile<false>(st, s, kmul, vmul, tile_token0, bc.limit, g, pb);
+  }
+}
+
 // Shared-memory rows of the block merge are padded to kPartialRow floats: the stores of a
 // fragment (lanes 4g + c: column 2c + i, dim g + ...) then hit 32 different banks.
 constexpr int kPartialRow = kHeadDim + 4;

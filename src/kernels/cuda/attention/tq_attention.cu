@@ -160,11 +160,7 @@ __device__ __forceinline__ void process_tile(const TileRegs& r, int tile_token0,
     vmul[slot] = __high2float(norms);
   }
   uint32_t pb[2][2];
-  if (tile_needs_mask(bc, tile_token0)) {
-    softmax_tile<true>(st, s, kmul, vmul, tile_token0, bc.limit, g, pb);
-  } else {
-    softmax_tile<false>(st, s, kmul, vmul, tile_token0, bc.limit, g, pb);
-  }
+  softmax_any_tile(st, s, kmul, vmul, tile_token0, bc, g, pb);
   // Values: chunk 2 * kb + q holds the 4 words of 16-token half kb, 16-dim tiles 4q .. 4q+3.
 #pragma unroll
   for (int kb = 0; kb < 2; ++kb) {
