@@ -10,6 +10,7 @@ clock that drifts during the run (the GPU warming up) does not favour the one ti
 bytes) in the same run. Bytes read: TurboQuant 116 B per token per KV head, fp16 512 B.
 
 usage: attention_bench.py --lib build/bench/cuda/libturbokv_cuda_bench.so [--cases 1:4096,16:32768]
+       [--variant NAME=OTHER_BUILD.so ...] [--timeline]
 """
 import argparse
 import ctypes
@@ -117,7 +118,7 @@ def copy_bandwidth():
     return 2 * n / (times[len(times) // 2] * 1e-3) / 1e9
 
 
-def run_case(lib, batch, ctx, seed=0):
+def run_case(lib, batch, ctx, variants=(), seed=0):
     torch.manual_seed(seed)
     dev = "cuda"
     scale = 1.0 / math.sqrt(D)
@@ -159,14 +160,26 @@ def run_case(lib, batch, ctx, seed=0):
                                 batch * KV_HEADS * ctx * D, lens.data_ptr(), ctx, q32.data_ptr(),
                                 batch, N_HEADS, KV_HEADS, scale, out_dense.data_ptr(), CALLS)
 
+    # Other builds of our library (--variant): the same TurboQuant call on the same data.
+    variant_out = {name: torch.empty_like(out_tq) for name, _ in variants}
+    variant_graphs = {
+        name: (vlib, vlib.tkv_tq_graph(tiles.data_ptr(), max_tiles, tq_copies, tq_copy,
+                                       lens.data_ptr(), ctx, q32.data_ptr(), batch, N_HEADS,
+                                       KV_HEADS, scale, variant_out[name].data_ptr(), seed, CALLS))
+        for name, vlib in variants}
+
     def sdpa(i):
         F.scaled_dot_product_attention(q, k[i % f16_copies], v[i % f16_copies], enable_gqa=True)
     sdpa_timer, sdpa_graph = torch_graph_timer(sdpa)
-    us = time_interleaved({"tq": lib_graph_timer(lib, tq, "tq attention"),
-                           "dense": lib_graph_timer(lib, dense, "dense attention"),
-                           "sdpa": sdpa_timer})
+    timers = {"tq": lib_graph_timer(lib, tq, "tq attention"),
+              "dense": lib_graph_timer(lib, dense, "dense attention"), "sdpa": sdpa_timer}
+    for name, (vlib, handle) in variant_graphs.items():
+        timers["variant " + name] = lib_graph_timer(vlib, handle, name)
+    us = time_interleaved(timers)
     lib.tkv_graph_free(tq)
     lib.tkv_graph_free(dense)
+    for vlib, handle in variant_graphs.values():
+        vlib.tkv_graph_free(handle)
     del sdpa_graph
     tq_us, dense_us, sdpa_us = us["tq"], us["dense"], us["sdpa"]
 
@@ -178,14 +191,18 @@ def run_case(lib, batch, ctx, seed=0):
     del k, v, tiles
     torch.cuda.empty_cache()
     tokens = batch * KV_HEADS * ctx
+    variant_rows = [(name, us["variant " + name], (variant_out[name] - out_tq).abs().max().item())
+                    for name, _ in variants]
     return dict(batch=batch, ctx=ctx, sdpa_us=sdpa_us, dense_us=dense_us, tq_us=tq_us,
+                variants=variant_rows,
                 tq_gbps=tokens * TQ_BYTES_PER_TOKEN_HEAD / (tq_us * 1e3),
                 sdpa_gbps=tokens * F16_BYTES_PER_TOKEN_HEAD / (sdpa_us * 1e3),
                 dense_gbps=tokens * F16_BYTES_PER_TOKEN_HEAD / (dense_us * 1e3),
                 dense_rel_err=dense_err, tq_min_cos=tq_cos)
 
 
-TIMELINE_POINTS = 8  # attn::kTimelinePoints: entry, prologue, loop, partial, counted, merged, sm, last
+TIMELINE_POINTS = 8  # attn::kTimelinePoints: entry, prologue, loop, partial, published, merged, sm,
+#                      merger
 
 
 def timeline_case(lib, batch, ctx, reps=7, seed=0):
@@ -223,6 +240,8 @@ def timeline_case(lib, batch, ctx, reps=7, seed=0):
     span, t, work, last, t0 = rows[len(rows) // 2]
 
     def q3(x):
+        if x.numel() == 0:
+            return "     -      -      -"
         x = x / 1e3
         return f"{x.min().item():6.2f} {x.median().item():6.2f} {x.max().item():6.2f}"
 
@@ -231,9 +250,11 @@ def timeline_case(lib, batch, ctx, reps=7, seed=0):
           f"{rows[0][0]:.2f}/{span:.2f}/{rows[-1][0]:.2f})")
     print(f"      start skew {q3(t[:, 0] - t0)} | prologue {q3(work[:, 1] - work[:, 0])} | "
           f"loop {q3(work[:, 2] - work[:, 1])} | loop end {q3(work[:, 2] - t0)}")
-    print(f"      partial {q3(work[:, 3] - work[:, 2])} | count {q3(work[:, 4] - work[:, 3])} | "
-          f"merge {q3(last[:, 5] - last[:, 4])} | last block's loop end->done "
-          f"{q3(last[:, 5] - last[:, 2])}", flush=True)
+    tail = (last[:, 5].max() - work[:, 2].max()) / 1e3
+    others = work[work[:, 7] == 0]
+    print(f"      partial {q3(work[:, 3] - work[:, 2])} | publish {q3(others[:, 4] - others[:, 3])} | "
+          f"merger's wait {q3(last[:, 4] - last[:, 3])} | merge {q3(last[:, 5] - last[:, 4])} | "
+          f"last loop end->done {tail.item():6.2f}", flush=True)
     del tiles
 
 
@@ -244,8 +265,13 @@ def main():
     parser.add_argument("--timeline", action="store_true",
                         help="print per-block stage timings (µs, min/median/max over blocks) of "
                              "single calls instead of the benchmark table")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=LIB",
+                        help="also time the TurboQuant call of another build of the library on "
+                             "the same data, interleaved with the others (repeatable); prints "
+                             "its us, speedup over SDPA and max |out - out_lib|")
     args = parser.parse_args()
     lib = load_lib(args.lib)
+    variants = [(v.split("=", 1)[0], load_lib(v.split("=", 1)[1])) for v in args.variant]
     props = torch.cuda.get_device_properties(0)
     cases = [(1, 4096), (1, 32768), (1, 131072), (1, 524288), (16, 4096), (16, 32768),
              (16, 131072)]
@@ -268,12 +294,15 @@ def main():
               f"{'dense_err':>9} {'tq_cos':>7}")
     print(header)
     for batch, ctx in cases:
-        r = run_case(lib, batch, ctx)
+        r = run_case(lib, batch, ctx, variants)
         print(f"{r['batch']:>5} {r['ctx']:>8} {r['sdpa_us']:>9.1f} {r['dense_us']:>9.1f} "
               f"{r['tq_us']:>9.1f} {r['sdpa_us'] / r['tq_us']:>7.2f}x "
               f"{r['dense_us'] / r['tq_us']:>7.2f}x {r['sdpa_gbps']:>9.0f} {r['tq_gbps']:>8.0f} "
               f"{100 * r['tq_gbps'] / bw:>7.0f}% {r['dense_rel_err']:>9.1e} {r['tq_min_cos']:>7.4f}",
               flush=True)
+        for name, v_us, diff in r["variants"]:
+            print(f"#   variant {name:>12} {v_us:9.1f} us  {r['sdpa_us'] / v_us:5.2f}x vs sdpa  "
+                  f"{v_us / r['tq_us']:6.3f} of tq35  max|diff| {diff:.1e}", flush=True)
 
 
 if __name__ == "__main__":
