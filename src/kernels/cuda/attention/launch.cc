@@ -1,5 +1,5 @@
 // Planning of the split-K grid (one wave of blocks on the device) and the workspace:
-//   [counters: batch * kv_heads * row_groups ints, padded to 16 B][part_acc][part_ml]
+//   [flags: batch * kv_heads * row_groups * splits ints, padded to 16 B][part_acc][part_ml]
 #include <algorithm>
 
 #include "core/error.h"
@@ -12,7 +12,7 @@ namespace {
 
 struct SplitPlan {
   attn::AttentionArgs args;
-  size_t counter_bytes = 0;
+  size_t flag_bytes = 0;
   size_t acc_floats = 0;
   size_t ml_pairs = 0;
 };
@@ -57,7 +57,8 @@ SplitPlan plan(const AttentionProblem& p, CacheKind kind) {
   a.tiles_per_split = (max_tiles + splits - 1) / splits;
   a.splits = (max_tiles + a.tiles_per_split - 1) / a.tiles_per_split;
   const size_t partials = size_t(p.batch) * p.kv_heads * a.rows * a.splits;
-  plan.counter_bytes = (size_t(p.batch) * p.kv_heads * a.row_groups * sizeof(int) + 15) / 16 * 16;
+  plan.flag_bytes =
+      (size_t(p.batch) * p.kv_heads * a.row_groups * a.splits * sizeof(int) + 15) / 16 * 16;
   plan.acc_floats = partials * attn::kHeadDim;
   plan.ml_pairs = partials;
   a.out = p.out;
@@ -66,7 +67,7 @@ SplitPlan plan(const AttentionProblem& p, CacheKind kind) {
 }
 
 size_t workspace_bytes(const SplitPlan& plan) {
-  return plan.counter_bytes + plan.acc_floats * sizeof(float) + plan.ml_pairs * sizeof(float2);
+  return plan.flag_bytes + plan.acc_floats * sizeof(float) + plan.ml_pairs * sizeof(float2);
 }
 
 void bind_workspace(SplitPlan& plan, void* workspace, size_t bytes) {
@@ -75,8 +76,8 @@ void bind_workspace(SplitPlan& plan, void* workspace, size_t bytes) {
                                   workspace_bytes(plan), " B (attention_workspace_bytes)"));
   }
   char* base = static_cast<char*>(workspace);
-  plan.args.counters = reinterpret_cast<int*>(base);
-  plan.args.part_acc = reinterpret_cast<float*>(base + plan.counter_bytes);
+  plan.args.flags = reinterpret_cast<int*>(base);
+  plan.args.part_acc = reinterpret_cast<float*>(base + plan.flag_bytes);
   plan.args.part_ml = reinterpret_cast<float2*>(plan.args.part_acc + plan.acc_floats);
 }
 

@@ -1,8 +1,16 @@
-// Merge step of split-K attention, done by the last block of a row group to finish (no
-// second launch): one warp per query row adds the splits' partials with log-sum-exp weights,
-// divides by the softmax sum and, for TurboQuant, takes the row back from the values'
-// rotated frame with one inverse Hadamard rotation (lane l holds dims 4l .. 4l+3:
-// butterflies h = 1, 2 in the lane, h >= 4 across lanes). No block barriers.
+// Merge step of split-K attention, done inside the attention kernel (no second launch): the
+// block of split 0 of a row group waits until every other split has published its partial
+// (one flag per split), then one warp per query row adds the splits' partials with
+// log-sum-exp weights, divides by the softmax sum and, for TurboQuant, takes the row back from
+// the values' rotated frame with one inverse Hadamard rotation (lane l holds dims 4l .. 4l+3:
+// butterflies h = 1, 2 in the lane, h >= 4 across lanes).
+//
+// Why split 0 waits instead of the last block to finish merging: the last block then only
+// publishes its partial to a merger that is already waiting, with no counter atomic to
+// round-trip first (measured: bench/results/2026-11-30-h200-attention-fixed-costs.txt).
+// Waiting cannot deadlock: with 2 or more splits the grid is one wave (launch.cc plans at most
+// as many blocks as fit at once), and a merger, at most one per row group, waits only for
+// blocks of its row group, which never wait themselves.
 #pragma once
 
 #include "kernels/cuda/attention/params.h"
@@ -14,51 +22,35 @@ __device__ __forceinline__ void merge_row(const AttentionArgs& a, int b, int kv_
                                           int n_splits, int lane) {
   const size_t base = ((size_t(b) * a.kv_heads + kv_head) * a.rows + row) * a.splits;
   const float4* part = reinterpret_cast<const float4*>(a.part_acc + base * kHeadDim) + lane;
-  // The first kEarly splits' accumulators are loaded together with the (m, l) values: one
-  // round trip to L2 instead of two. Lane l holds the (m, l) of splits l, l + 32, ...
-  constexpr int kEarly = 16;
-  float4 early[kEarly];
-#pragma unroll
-  for (int i = 0; i < kEarly; ++i) {
-    early[i] = i < n_splits ? __ldcg(part + i * (kHeadDim / 4)) : make_float4(0, 0, 0, 0);
-  }
-  constexpr int kRounds = kMaxSplits / 32;
-  float2 ml[kRounds];
-  float m = -INFINITY;
-#pragma unroll
-  for (int r = 0; r < kRounds; ++r) {
-    const int s = 32 * r + lane;
-    ml[r] = s < n_splits ? __ldcg(&a.part_ml[base + s]) : make_float2(-INFINITY, 0.0f);
-    m = fmaxf(m, ml[r].x);
-  }
-  for (int k = 16; k > 0; k /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, k));
-  float l = 0;
+  // Splits in chunks of kChunk: every lane loads the chunk's (m, l) pairs (broadcast) and its
+  // own 4 dims of each accumulator, all in one round trip, and merges them without shuffles.
+  constexpr int kChunk = 16;
+  float m = -INFINITY, l = 0;
   float4 acc = make_float4(0, 0, 0, 0);
-  if (m != -INFINITY) {
+  for (int s0 = 0; s0 < n_splits; s0 += kChunk) {
+    float2 ml[kChunk];
+    float4 x[kChunk];
 #pragma unroll
-    for (int r = 0; r < kRounds; ++r) {
-      if (32 * r >= n_splits) break;
-      const float my_weight = fast_exp2(ml[r].x - m);  // 0 for missing splits (-inf)
-      l += ml[r].y * my_weight;
-      if (r == 0) {
-#pragma unroll
-        for (int i = 0; i < kEarly; ++i) {
-          const float w = __shfl_sync(0xffffffffu, my_weight, i);  // 0 past n_splits
-          acc.x += early[i].x * w, acc.y += early[i].y * w;
-          acc.z += early[i].z * w, acc.w += early[i].w * w;
-        }
-      }
-      const int begin = r == 0 ? kEarly : 0;
-      const int count = min(32, n_splits - 32 * r);
-#pragma unroll 8
-      for (int i = begin; i < count; ++i) {
-        const float w = __shfl_sync(0xffffffffu, my_weight, i);
-        const float4 x = __ldcg(part + (32 * r + i) * (kHeadDim / 4));
-        acc.x += x.x * w, acc.y += x.y * w, acc.z += x.z * w, acc.w += x.w * w;
-      }
+    for (int i = 0; i < kChunk; ++i) {
+      const bool in = s0 + i < n_splits;
+      ml[i] = in ? __ldcg(&a.part_ml[base + s0 + i]) : make_float2(-INFINITY, 0.0f);
+      x[i] = in ? __ldcg(part + (s0 + i) * (kHeadDim / 4)) : make_float4(0, 0, 0, 0);
     }
+    float m_new = m;
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) m_new = fmaxf(m_new, ml[i].x);
+    if (m_new == -INFINITY) continue;          // no token in any split so far
+    const float alpha = fast_exp2(m - m_new);  // 0 while m is -inf
+    l *= alpha;
+    acc.x *= alpha, acc.y *= alpha, acc.z *= alpha, acc.w *= alpha;
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      const float w = fast_exp2(ml[i].x - m_new);  // 0 for empty and missing splits (-inf)
+      l += ml[i].y * w;
+      acc.x += x[i].x * w, acc.y += x[i].y * w, acc.z += x[i].z * w, acc.w += x[i].w * w;
+    }
+    m = m_new;
   }
-  for (int k = 16; k > 0; k /= 2) l += __shfl_xor_sync(0xffffffffu, l, k);
   const float inv = l > 0 ? 1.0f / l : 0.0f;
   float o[4] = {acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv};
   if (a.unrotate) {  // R^T y = s ⊙ (H y) * scale
@@ -91,34 +83,50 @@ __device__ __forceinline__ void merge_row(const AttentionArgs& a, int b, int kv_
                                         kHeadDim)[lane] = make_float4(o[0], o[1], o[2], o[3]);
 }
 
-// After write_block_partial: counts this block in; the last block of the row group merges
-// its rows (warp w takes rows w, w + kNumWarps, ... of the group).
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Spins until splits 1 .. n_splits - 1 have published (lane l watches splits l + 1, l + 33, ...);
+// after it, every lane of the warp may read their partials.
+__device__ __forceinline__ void wait_for_splits(const int* flags, int n_splits, int lane) {
+  for (int s = 1 + lane; s < n_splits; s += 32) {
+    while (load_acquire(flags + s) == 0) {
+    }
+  }
+  __syncwarp();  // orders the other lanes' reads after the acquires
+}
+
+// After write_block_partial: split s > 0 publishes its partial; split 0's block waits for the
+// others, merges (warp w takes rows w, w + kNumWarps, ... of the group) and clears the flags
+// for the next call.
 template <int kNumWarps>
 __device__ __forceinline__ void finish_row_group(const AttentionArgs& a, const BlockCoords& bc,
                                                  int warp, int lane) {
-  __shared__ int is_last;
   const int n_splits = (bc.n_tiles + a.tiles_per_split - 1) / a.tiles_per_split;
-  __threadfence();  // this block's partials are visible before it is counted
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* counter =
-        a.counters + (size_t(bc.b) * a.kv_heads + bc.kv_head) * a.row_groups + bc.row_group;
-    is_last = atomicAdd(counter, 1) == n_splits - 1;
-    if (is_last) *counter = 0;  // ready for the next call
+  int* flags =
+      a.flags + ((size_t(bc.b) * a.kv_heads + bc.kv_head) * a.row_groups + bc.row_group) * a.splits;
+  __syncthreads();  // every thread's partial stores are issued
+  if (bc.split != 0) {
+    if (threadIdx.x == 0) {
+      __threadfence();  // cumulative over the block's stores that the barrier ordered before it
+      atomicExch(flags + bc.split, 1);
+    }
+    stamp(a, kStampPublished);
+    return;
   }
-  __syncthreads();
-  stamp(a, kStampCounted);
-  stamp(a, kStampLast, is_last);
-  if (!is_last) return;
-  __threadfence();
+  wait_for_splits(flags, n_splits, lane);
+  stamp(a, kStampPublished);
   for (int col = warp; col < kColumns; col += kNumWarps) {
     const int row = bc.row_group * kColumns + col;
     if (row < a.rows) merge_row(a, bc.b, bc.kv_head, row, n_splits, lane);
   }
-  if (a.timeline != nullptr) {
-    __syncthreads();
-    stamp(a, kStampMerged);
-  }
+  __syncthreads();  // every warp is past its wait
+  for (int s = 1 + threadIdx.x; s < n_splits; s += blockDim.x) flags[s] = 0;
+  stamp(a, kStampLast, 1);
+  stamp(a, kStampMerged);
 }
 
 }  // namespace turbokv::cuda::attn

@@ -4,7 +4,7 @@
 //             each sequence (query i of sequence b sees tokens < seq_len[b] - n_q + i + 1)
 //   part_acc  [batch, kv_heads, rows, splits, 128] fp32   rows = n_q * (n_heads / kv_heads)
 //   part_ml   [batch, kv_heads, rows, splits] (max of log2-scores, sum of 2^(s - max))
-//   counters  [batch, kv_heads, row_groups] int
+//   flags     [batch, kv_heads, row_groups, splits] int
 // A block serves one KV head's 8 query rows ("columns" of its tensor-core tiles) over one
 // split of the sequence, so one pass over a KV head's cache serves all its query heads.
 #pragma once
@@ -27,9 +27,9 @@ struct AttentionArgs {
   float* out = nullptr;
   float* part_acc = nullptr;
   float2* part_ml = nullptr;
-  // [batch, kv_heads, row_groups]: blocks of a row group done so far; the last one merges
-  // and puts the counter back to 0 (zero before the first call, reusable after).
-  int* counters = nullptr;
+  // [batch, kv_heads, row_groups, splits]: 1 once split s > 0 has written its partial; split
+  // 0's block merges and puts them back to 0 (zero before the first call, reusable after).
+  int* flags = nullptr;
   int n_q = 0;
   int n_heads = 0;
   int kv_heads = 0;
@@ -49,14 +49,14 @@ struct AttentionArgs {
 
 // Timeline points of one block (%globaltimer ns; 0 where the block never got there):
 // entry, prologue done (tables and rotated queries ready), warp 0 out of its tile loop,
-// split partial written, counted in (last block known), merge done (last block only), SM id,
-// 1 if the block merged its row group.
+// split partial written, published (split > 0) or every other split seen (split 0), merge done
+// (split 0 only), SM id, 1 if the block merged its row group.
 enum TimelinePoint {
   kStampEntry,
   kStampPrologue,
   kStampLoop,
   kStampPartial,
-  kStampCounted,
+  kStampPublished,
   kStampMerged,
   kStampSm,
   kStampLast,

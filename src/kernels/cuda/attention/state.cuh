@@ -122,9 +122,14 @@ __device__ __forceinline__ bool tile_needs_mask(const BlockCoords& bc, int tile_
   return tile_token0 + kTileTokens > bc.unmasked_end;
 }
 
+// softmax_tile's lazy max (log2 units): probabilities stay <= 2^kLazySlack = 16, so the fp16
+// value-MMA operands p * value norm stay finite for value norms up to 4096.
+constexpr float kLazySlack = 4.0f;
+
 // One 32-token tile: raw scores s[m-tile][frag] (token 16*mt + g + 8*(frag/2), column
-// 2c + frag%2), per-slot multipliers (slot = 2*mt + frag/2) for the scores (key norm * scale
-// * log2 e) and for the probabilities (value norm). Updates the state and returns the
+// 2c + frag%2), per-slot multipliers (slot = 2*mt + frag/2) that bring the scores to log2
+// units (TurboQuant: the key norm, the query carries scale * log2 e; dense: scale * log2 e) and
+// for the probabilities (value norm). Updates the state and returns the
 // probability tiles as B operands of the value MMA: pb[mt] = P^T rows 16*mt .. 16*mt + 15.
 // kMask = false: every token of the tile is visible to every real row (padding rows then
 // score 0 against finite norms, harmless and never written out).
@@ -147,25 +152,35 @@ __device__ __forceinline__ void softmax_tile(WarpState& st, const float (&s)[2][
   }
   float m_use[2], alpha[2];
   bool grew = false;
+  // Lazy max: the running max m stays unless some score of the tile exceeds it by more than
+  // kLazySlack (the tile's probabilities are then <= 2^kLazySlack, fine for fp16 and the fp32
+  // sums); only then is the tile max reduced across lanes and the state rescaled: one vote
+  // instead of three shuffle rounds on most tiles.
+  if (!__any_sync(0xffffffffu,
+                  tile_max[0] > st.m[0] + kLazySlack || tile_max[1] > st.m[1] + kLazySlack)) {
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 4));
-    tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 8));
-    tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 16));
-    const float m_new = fmaxf(st.m[i], tile_max[i]);
-    m_use[i] = m_new == -INFINITY ? 0.0f : m_new;  // no token seen yet: keep 2^(-inf) = 0
-    alpha[i] = fast_exp2(st.m[i] - m_use[i]);
-    grew |= m_new != st.m[i];
-    st.m[i] = m_new;
-    st.l[i] *= alpha[i];
-  }
-  if (__any_sync(0xffffffffu, grew)) {  // alpha == 1 exactly for every column otherwise
+    for (int i = 0; i < 2; ++i) m_use[i] = st.m[i] == -INFINITY ? 0.0f : st.m[i];
+  } else {
 #pragma unroll
-    for (int t = 0; t < 8; ++t) {
-      st.acc[t][0] *= alpha[0];
-      st.acc[t][2] *= alpha[0];
-      st.acc[t][1] *= alpha[1];
-      st.acc[t][3] *= alpha[1];
+    for (int i = 0; i < 2; ++i) {
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 4));
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 8));
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 16));
+      const float m_new = fmaxf(st.m[i], tile_max[i]);
+      m_use[i] = m_new == -INFINITY ? 0.0f : m_new;  // no token seen yet: keep 2^(-inf) = 0
+      alpha[i] = fast_exp2(st.m[i] - m_use[i]);
+      grew |= m_new != st.m[i];
+      st.m[i] = m_new;
+      st.l[i] *= alpha[i];
+    }
+    if (__any_sync(0xffffffffu, grew)) {  // alpha == 1 exactly for every column otherwise
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        st.acc[t][0] *= alpha[0];
+        st.acc[t][2] *= alpha[0];
+        st.acc[t][1] *= alpha[1];
+        st.acc[t][3] *= alpha[1];
+      }
     }
   }
 #pragma unroll
@@ -198,7 +213,8 @@ __device__ __forceinline__ void softmax_any_tile(WarpState& st, const float (&s)
 }
 
 // Shared-memory rows of the block merge are padded to kPartialRow floats: the stores of a
-// fragment (lanes 4g + c: column 2c + i, dim g + ...) then hit 32 different banks.
+// fragment (lanes 4g + c: column 2c + i, dim g + ...) then hit 32 different banks, and rows stay
+// 16-B aligned for the combine's float4 loads.
 constexpr int kPartialRow = kHeadDim + 4;
 constexpr size_t block_partial_scratch_bytes(int num_warps) {
   return sizeof(float) * num_warps * kColumns * (kPartialRow + 2);
@@ -237,27 +253,35 @@ __device__ __forceinline__ void write_block_partial(WarpState& st, float* scratc
   }
   __syncthreads();
   // out = sum_w 2^(m_w - m) acc_w with m = max_w m_w (weight 0 where a warp saw no token).
+  // Thread (col, lane) combines dims 4 lane .. 4 lane + 3 of column col: every load of the
+  // warps' partials is independent (broadcast m and l, one 16-B acc load per warp).
   const size_t first =
       ((size_t(bc.b) * a.kv_heads + bc.kv_head) * a.rows + bc.row_group * kColumns) * a.splits +
       bc.split;
-  for (int idx = threadIdx.x; idx < columns * kHeadDim; idx += blockDim.x) {
-    const int col = idx / kHeadDim;
-    const int d = idx % kHeadDim;
+  for (int idx = threadIdx.x; idx < columns * 32; idx += blockDim.x) {
+    const int col = idx / 32, d4 = idx % 32;
+    float wm[kNumWarps];
     float m = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kNumWarps; ++w) m = fmaxf(m, s_m[w * kColumns + col]);
-    float acc = 0, l = 0;
+    for (int w = 0; w < kNumWarps; ++w) {
+      wm[w] = s_m[w * kColumns + col];
+      m = fmaxf(m, wm[w]);
+    }
+    float4 acc = make_float4(0, 0, 0, 0);
+    float l = 0;
     if (m != -INFINITY) {
 #pragma unroll
       for (int w = 0; w < kNumWarps; ++w) {
-        const float weight = fast_exp2(s_m[w * kColumns + col] - m);
-        acc += s_acc[(w * kColumns + col) * kPartialRow + d] * weight;
+        const float weight = fast_exp2(wm[w] - m);
+        const float4 x =
+            reinterpret_cast<const float4*>(s_acc + (w * kColumns + col) * kPartialRow)[d4];
+        acc.x += x.x * weight, acc.y += x.y * weight, acc.z += x.z * weight, acc.w += x.w * weight;
         l += s_l[w * kColumns + col] * weight;
       }
     }
     const size_t p = first + size_t(col) * a.splits;
-    a.part_acc[p * kHeadDim + d] = acc;
-    if (d == 0) a.part_ml[p] = make_float2(m, l);
+    reinterpret_cast<float4*>(a.part_acc + p * kHeadDim)[d4] = acc;
+    if (d4 == 0) a.part_ml[p] = make_float2(m, l);
   }
 }
 
@@ -270,17 +294,12 @@ __device__ __forceinline__ float4 fetch_query_row(const AttentionArgs& a, const 
   return q != nullptr ? reinterpret_cast<const float4*>(q)[lane] : make_float4(0, 0, 0, 0);
 }
 
-// Rotated query rows for the score MMA: warp w < kColumns takes row w of the block (x4: the
-// lane's dims 4l .. 4l+3 from fetch_query_row), applies R = H diag(s) * scale with butterflies
-// across lanes (h = 1, 2 in the lane, h >= 4 by shuffles) and stores it to q_rot[w].
-// No rotation (dense): rotate = false, scale = 1.
-__device__ __forceinline__ void rotate_query_row(float4 x4, int warp, int lane, bool rotate,
-                                                 uint4 flips, float scale,
-                                                 float (*q_rot)[kHeadDim]) {
-  if (warp >= kColumns) return;
-  float o[4] = {x4.x, x4.y, x4.z, x4.w};
-  if (rotate) {
-    const uint32_t word = lane < 8 ? flips.x : lane < 16 ? flips.y : lane < 24 ? flips.z : flips.w;
+// H diag(s) x of one row, lane l holding dims 4l .. 4l+3 (x4 in, o out), without the scale:
+// sign flips, then butterflies across lanes (h = 1, 2 in the lane, h >= 4 by shuffles).
+__device__ __forceinline__ void rotate_row(float4 x4, int lane, uint4 flips, float (&o)[4]) {
+  o[0] = x4.x, o[1] = x4.y, o[2] = x4.z, o[3] = x4.w;
+  const uint32_t word = lane < 8 ? flips.x : lane < 16 ? flips.y : lane < 24 ? flips.z : flips.w;
+  {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       if ((word >> ((4 * lane + j) % 32)) & 1u) o[j] = -o[j];
@@ -305,6 +324,17 @@ __device__ __forceinline__ void rotate_query_row(float4 x4, int warp, int lane, 
       }
     }
   }
+}
+
+// Rotated query rows for the score MMA: warp w < kColumns takes row w of the block (x4: the
+// lane's dims 4l .. 4l+3 from fetch_query_row), applies R = H diag(s) * scale and stores it to
+// q_rot[w]. No rotation (dense): rotate = false, scale = 1.
+__device__ __forceinline__ void rotate_query_row(float4 x4, int warp, int lane, bool rotate,
+                                                 uint4 flips, float scale,
+                                                 float (*q_rot)[kHeadDim]) {
+  if (warp >= kColumns) return;
+  float o[4] = {x4.x, x4.y, x4.z, x4.w};
+  if (rotate) rotate_row(x4, lane, flips, o);
   reinterpret_cast<float4*>(q_rot[warp])[lane] =
       make_float4(o[0] * scale, o[1] * scale, o[2] * scale, o[3] * scale);
 }

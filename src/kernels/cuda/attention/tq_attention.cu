@@ -1,19 +1,23 @@
 // Fused TurboQuant 3.5 attention (decode, and prefill over a quantized past) on packed codes
 // in the tile format of tq_layout.h. One block of 12 warps per SM; per block: rotate its 8
-// query rows once (R q), then each warp streams its 32-token tiles (w, w + 12, ...) straight
-// from global memory into registers (keys and norms one tile ahead, values at the start of the
-// tile's own step: 8 coalesced 16-B loads per lane, no shared-memory staging) and
+// query rows once (R q, stored as the score MMA's f16x2 B operands in shared memory), then each
+// warp streams its 32-token tiles (w, w + 12, ...) straight from global memory into registers
+// (the whole next tile requested before the current one is computed: 9 coalesced 16-B loads
+// per lane, no shared-memory staging) and
 //  - turns each 6-bit key pair / 8-bit value pair into an f16x2 tensor-core operand with one
 //    lane-private shared-memory table lookup (conflict-free: entry e of lane L at
 //    256*e + 4L; the address is one funnel shift + LOP3 for keys, one byte_perm for values),
-//  - scores = key norm * <R q, c[idx]> (MMA), online softmax in base 2,
+//  - scores = key norm * <R q, c[idx]> (MMA), online softmax in base 2 with a lazy max,
 //  - accumulates value norm * p * c[idx] in the rotated frame (MMA).
-// The last block of a row group to finish merges the splits and rotates back (merge.cuh).
+// Split 0's block of each row group merges the splits and rotates back (merge.cuh).
 //
 // Why this shape (measured on an H200, bench/results/2026-11-30-h200-attention-*.txt): shared
-// memory stages (cp.async or bulk copies, 12-16 warps, 2-3 stages), deeper register or L2
-// prefetch and 14-16 warps were all as fast or slower; the loop costs ~515 warp instructions
-// per tile, half of them the operand lookups, and runs at ~80% of the streaming-only rate.
+// memory stages (cp.async or bulk copies, 12-16 warps, 2-3 stages), deeper register prefetch,
+// prefetching in the loop and 14-16 warps were all as fast or slower; the loop costs ~500 warp
+// instructions per tile, half of them the operand lookups. Operands from byte_perm lookups in
+// registers instead of shared memory, or the shifts as multiplies, were slower (more ALU
+// work); keeping the query fragments in shared memory frees the 16 registers that holding the
+// next tile's values needs.
 #include <cuda_fp16.h>
 
 #include "kernels/cuda/attention/async_copy.cuh"
@@ -29,6 +33,10 @@ namespace {
 using L = TQ35Layout;
 
 constexpr int kBlockWarps = 12;  // up to 168 registers per thread (65536 / 384): one block per SM
+// Splits of at least kPrefetchFrom tiles prefetch their first kPrefetchTiles tiles to L2 at
+// the start (measured: shorter splits only lose by it).
+constexpr int kPrefetchFrom = 128;
+constexpr int kPrefetchTiles = 36;
 
 // Operand tables, row e (256 B): [value pair e, lanes 0..31][key pair e (e < 64), lanes 0..31].
 // They sit at a 64 KB-aligned shared address A, so a lookup address is one LOP3 (keys) or one
@@ -82,6 +90,20 @@ __device__ __forceinline__ uint4 load_stream(const uint8_t* p) {
   return x;
 }
 
+// Loads issued where they stand (volatile: not moved behind the tile loads).
+__device__ __forceinline__ int load_nc(const int* p) {
+  int x;
+  asm volatile("ld.global.nc.s32 %0, [%1];" : "=r"(x) : "l"(p));
+  return x;
+}
+__device__ __forceinline__ float4 load_nc(const float4* p) {
+  float4 x;
+  asm volatile("ld.global.nc.v4.f32 {%0,%1,%2,%3}, [%4];"
+               : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w)
+               : "l"(p));
+  return x;
+}
+
 // tile_lane = tile start + 16 * lane (chunk i of a section at byte 512 * i + 16 * lane).
 __device__ __forceinline__ void load_tile_keys(TileRegs& r, const uint8_t* tile_lane, int lane) {
 #pragma unroll
@@ -130,20 +152,32 @@ __device__ __forceinline__ uint32_t value_operand(uint32_t lane_table, uint32_t 
   return table_load<0>(__byte_perm(word, lane_table, 0x7604u | (uint32_t(j) << 4)));
 }
 
+// The score MMA's B operands (rotated query rows as f16x2), read from shared memory in every
+// tile (volatile: not hoisted into 16 registers, which the next tile's values need more).
+// frag[kk][lane] at addr + 256 kk: k-rows 2c, 2c+1 | 2c+8, 2c+9 of chunk kk are rotated dims
+// 32c + 4kk + {0, 1} | {2, 3} (the key tile layout's pairing), column g.
+struct QueryFrags {
+  uint32_t addr;  // shared address of frag[0][lane]
+  __device__ __forceinline__ void get(int kk, uint32_t& b0, uint32_t& b1) const {
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(b0), "=r"(b1) : "r"(addr + 256 * kk));
+  }
+};
+
 __device__ __forceinline__ void process_tile(const TileRegs& r, int tile_token0,
-                                             const uint32_t (&qf)[8][2], uint32_t lane_table,
-                                             float scale_log2, const BlockCoords& bc, int g,
-                                             WarpState& st) {
+                                             const QueryFrags& qf, uint32_t lane_table,
+                                             const BlockCoords& bc, int g, WarpState& st) {
   // Scores: four independent MMA chains (m-tile x even/odd k-chunk), summed at the end.
   float s4[2][2][4] = {};
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
+    uint32_t q0, q1;
+    qf.get(kk, q0, q1);
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
       mma_16816(s4[mt][kk % 2], key_operand(lane_table, r, 2 * mt, 2 * kk),
                 key_operand(lane_table, r, 2 * mt + 1, 2 * kk),
                 key_operand(lane_table, r, 2 * mt, 2 * kk + 1),
-                key_operand(lane_table, r, 2 * mt + 1, 2 * kk + 1), qf[kk][0], qf[kk][1]);
+                key_operand(lane_table, r, 2 * mt + 1, 2 * kk + 1), q0, q1);
     }
   }
   float s[2][4];
@@ -156,7 +190,7 @@ __device__ __forceinline__ void process_tile(const TileRegs& r, int tile_token0,
 #pragma unroll
   for (int slot = 0; slot < 4; ++slot) {
     const __half2 norms = *reinterpret_cast<const __half2*>(&norm_words[slot]);
-    kmul[slot] = __low2float(norms) * scale_log2;
+    kmul[slot] = __low2float(norms);  // the query fragments carry scale * log2 e
     vmul[slot] = __high2float(norms);
   }
   uint32_t pb[2][2];
@@ -182,37 +216,61 @@ __device__ __forceinline__ void process_tile(const TileRegs& r, int tile_token0,
 __global__ void __launch_bounds__(kBlockWarps * 32, 1)
     tq_attention_kernel(const AttentionArgs a, const TQKernelCodec codec, const uint8_t* tiles,
                         int max_tiles) {
-  extern __shared__ __align__(16) char smem[];  // gap, 64 KB-aligned tables (merge scratch later)
-  __shared__ __align__(16) float q_rot[kColumns][kHeadDim];  // rotated query rows
+  extern __shared__ __align__(16) char smem[];   // gap, 64 KB-aligned tables (merge scratch later)
+  __shared__ __align__(16) uint2 q_frag[8][32];  // the score MMA's B operands (QueryFrags)
   stamp(a, kStampEntry);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, c = lane % 4;
   const uint32_t smem_base = smem_addr(smem);
   const uint32_t table_offset = (65536u - smem_base % 65536u) % 65536u;
-  const int kv_head = blockIdx.y / a.row_groups;
+  // The query row and the sequence length are requested first (measured: the prologue ends
+  // sooner than with them queued behind the tile loads), then the warp's first tile, before
+  // the length is known: it is inside the cache's capacity (allocated) whatever the length.
+  BlockCoords bc = block_position(a);
+  const int len = load_nc(a.seq_lens + bc.b);
+  const float* q_row = warp < kColumns ? query_row(a, bc, warp) : nullptr;
+  const float4 q_in = q_row != nullptr ? load_nc(reinterpret_cast<const float4*>(q_row) + lane)
+                                       : make_float4(0, 0, 0, 0);
   const uint8_t* seq_tiles =
-      tiles + (size_t(blockIdx.z) * a.kv_heads + kv_head) * size_t(max_tiles) * L::kTileBytes +
+      tiles + (size_t(bc.b) * a.kv_heads + bc.kv_head) * size_t(max_tiles) * L::kTileBytes +
       16 * lane;
-  // Start streaming before the sequence length is known: the warp's first tile of this split
-  // is inside the cache's capacity (allocated), whatever the length turns out to be. The
-  // query row and the length are requested next, all in flight together.
   TileRegs buf[2];
   const int first = blockIdx.x * a.tiles_per_split + warp;
   if (first < min((blockIdx.x + 1) * a.tiles_per_split, max_tiles)) {
     load_tile_keys(buf[0], seq_tiles + size_t(first) * L::kTileBytes, lane);
+    load_tile_values(buf[0], seq_tiles + size_t(first) * L::kTileBytes);
   }
-  BlockCoords bc = block_position(a);
-  const int len = a.seq_lens[bc.b];
-  const float4 q_in = fetch_query_row(a, bc, warp, lane);
+  // Long splits: the split's first kPrefetchTiles tiles also go to L2 (bulk prefetch, 12
+  // tiles per lane of warp 0), so HBM is busy while the prologue runs and the first steps hit
+  // L2 (measured: from tile 0, not from the second round, is faster).
+  if (warp == 0 && a.tiles_per_split >= kPrefetchFrom) {
+    const int begin = blockIdx.x * a.tiles_per_split;
+    const int end = min(min(begin + a.tiles_per_split, max_tiles), begin + kPrefetchTiles);
+    const int t = begin + 12 * lane;
+    if (t < end) {
+      const uint8_t* p = seq_tiles - 16 * lane + size_t(t) * L::kTileBytes;
+      const uint32_t bytes = uint32_t(min(t + 12, end) - t) * L::kTileBytes;
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+    }
+  }
   set_block_limits(a, len, c, bc);
   if (bc.tile_begin >= bc.tile_end) return;  // split past this sequence's end (whole block)
 
   char* tables = smem + table_offset;
   fill_tables(tables, codec, warp, lane);
-  // R q = H (s ⊙ q) * scale, one warp per query row.
-  const uint4 flips = make_uint4(codec.key_sign_flips[0], codec.key_sign_flips[1],
-                                 codec.key_sign_flips[2], codec.key_sign_flips[3]);
-  rotate_query_row(q_in, warp, lane, true, flips, codec.hadamard_scale, q_rot);
+  // R q = H (s ⊙ q) * scale, one warp per query row, written directly as the score MMA's B
+  // operands with scale * log2 e folded in (the scores then need only the key norm):
+  // frag[kk][4g + c] holds dims 32c + 4kk .. + 3 of row g, and lane l of warp g holds dims
+  // 4l .. 4l + 3.
+  if (warp < kColumns) {
+    const uint4 flips = make_uint4(codec.key_sign_flips[0], codec.key_sign_flips[1],
+                                   codec.key_sign_flips[2], codec.key_sign_flips[3]);
+    float o[4];
+    rotate_row(q_in, lane, flips, o);
+    const float scale = codec.hadamard_scale * a.scale_log2;
+    q_frag[lane % 8][4 * warp + lane / 8] =
+        make_uint2(half2_bits(o[0] * scale, o[1] * scale), half2_bits(o[2] * scale, o[3] * scale));
+  }
   __syncthreads();
   stamp(a, kStampPrologue);
   if (a.timeline != nullptr && threadIdx.x == 0) {
@@ -220,33 +278,24 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 1)
     asm("mov.u32 %0, %%smid;" : "=r"(sm));
     stamp(a, kStampSm, sm);
   }
-  // B operands of the score MMA: k-rows 2c, 2c+1 | 2c+8, 2c+9 of chunk kk are rotated dims
-  // 32c + 4kk + {0, 1} | {2, 3} (the key tile layout's pairing), column g.
-  uint32_t qf[8][2];
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {
-    const float4 q = *reinterpret_cast<const float4*>(&q_rot[g][32 * c + 4 * kk]);
-    qf[kk][0] = half2_bits(q.x, q.y);
-    qf[kk][1] = half2_bits(q.z, q.w);
-  }
+  const QueryFrags qf{smem_addr(&q_frag[0][lane])};
   const uint32_t lane_table = smem_base + table_offset + 4 * lane;
 
   WarpState st;
   st.init();
-  // Unrolled by two so the key buffers alternate in registers.
+  // Unrolled by two so the tile buffers alternate in registers.
   for (int t0 = first; t0 < bc.tile_end; t0 += 2 * kBlockWarps) {
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int t = t0 + u * kBlockWarps;
       if (t >= bc.tile_end) break;
-      const uint8_t* tile = seq_tiles + size_t(t) * L::kTileBytes;
-      const uint8_t* next = tile + size_t(kBlockWarps) * L::kTileBytes;
-      const bool more = t + kBlockWarps < bc.tile_end;
-      // Values are requested at the start of their own tile's step, not earlier: measured
-      // faster than a tile ahead (register pressure) or at the end of the previous step.
-      if (more) load_tile_keys(buf[1 - u], next, lane);
-      load_tile_values(buf[u], tile);
-      process_tile(buf[u], t * kTileTokens, qf, lane_table, a.scale_log2, bc, g, st);
+      // The whole next tile (keys, norms, values) is requested before this one is computed.
+      if (t + kBlockWarps < bc.tile_end) {
+        const uint8_t* next = seq_tiles + size_t(t + kBlockWarps) * L::kTileBytes;
+        load_tile_keys(buf[1 - u], next, lane);
+        load_tile_values(buf[1 - u], next);
+      }
+      process_tile(buf[u], t * kTileTokens, qf, lane_table, bc, g, st);
     }
   }
   stamp(a, kStampLoop);
