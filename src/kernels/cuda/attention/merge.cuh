@@ -8,9 +8,12 @@
 // Why split 0 waits instead of the last block to finish merging: the last block then only
 // publishes its partial to a merger that is already waiting, with no counter atomic to
 // round-trip first (measured: bench/results/2026-11-30-h200-attention-fixed-costs.txt).
-// Waiting cannot deadlock: with 2 or more splits the grid is one wave (launch.cc plans at most
-// as many blocks as fit at once), and a merger, at most one per row group, waits only for
-// blocks of its row group, which never wait themselves.
+// Waiting needs the other splits to run while split 0 waits: with 2 or more splits launch.cc
+// plans at most as many blocks as the whole device holds at once, a merger (one per row
+// group) waits only for blocks of its own row group, and those never wait, so any block that
+// is not yet resident gets an SM as soon as one of them exits. Only a device share smaller
+// than that (e.g. an MPS or green-context slice of very few SMs, all taken by waiting
+// mergers) could stall it; the counter-based merge before commit 788fed8 had no such limit.
 #pragma once
 
 #include "kernels/cuda/attention/params.h"
