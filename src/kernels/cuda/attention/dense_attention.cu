@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (bc.tile_begin >= bc.tile_end) return;
 
   for (int row = warp; row < kColumns; row += kWarps) {
-    load_query_row(a, bc, row, lane, false, make_uint4(0, 0, 0, 0), 1.0f, q_s);
+    load_query_row(a, bc, row, lane, q_s);
   }
   __syncthreads();
   uint32_t qf[8][2];  // natural dim order: k-rows 2c, 2c+1 | 2c+8, 2c+9 of chunk kk

@@ -2,8 +2,7 @@
 // block of split 0 of a row group waits until every other split has published its partial
 // (one flag per split), then one warp per query row adds the splits' partials with
 // log-sum-exp weights, divides by the softmax sum and, for TurboQuant, takes the row back from
-// the values' rotated frame with one inverse Hadamard rotation (lane l holds dims 4l .. 4l+3:
-// butterflies h = 1, 2 in the lane, h >= 4 across lanes).
+// the values' rotated frame with one inverse Hadamard rotation (state.cuh's hadamard_row).
 //
 // Why split 0 waits instead of the last block to finish merging: the last block then only
 // publishes its partial to a merger that is already waiting, with no counter atomic to
@@ -57,24 +56,9 @@ __device__ __forceinline__ void merge_row(const AttentionArgs& a, int b, int kv_
   const float inv = l > 0 ? 1.0f / l : 0.0f;
   float o[4] = {acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv};
   if (a.unrotate) {  // R^T y = s ⊙ (H y) * scale
-    for (int h = 1; h <= 2; h *= 2) {
-      for (int j = 0; j < 4; ++j) {
-        if (j & h) continue;
-        const float x = o[j], y = o[j + h];
-        o[j] = x + y;
-        o[j + h] = x - y;
-      }
-    }
-    for (int h = 4; h < kHeadDim; h *= 2) {
-      const bool upper = lane & (h / 4);
-      for (int j = 0; j < 4; ++j) {
-        const float other = __shfl_xor_sync(0xffffffffu, o[j], h / 4);
-        o[j] = upper ? other - o[j] : o[j] + other;
-      }
-    }
-    // Dims 4l .. 4l+3 sit in flip word l / 8 (constant indices keep the args out of memory).
+    hadamard_row(o, lane);
     const uint32_t* f = a.value_sign_flips;
-    const uint32_t flips = lane < 8 ? f[0] : lane < 16 ? f[1] : lane < 24 ? f[2] : f[3];
+    const uint32_t flips = lane_flip_word(make_uint4(f[0], f[1], f[2], f[3]), lane);
     for (int j = 0; j < 4; ++j) {
       o[j] *= a.hadamard_scale;
       if ((flips >> ((4 * lane + j) % 32)) & 1u) o[j] = -o[j];

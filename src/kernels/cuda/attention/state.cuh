@@ -286,7 +286,7 @@ __device__ __forceinline__ void write_block_partial(WarpState& st, float* scratc
 }
 
 // Lane's 4 dims of query row `warp` of the block (zeros for padding rows and warps past the
-// block's kColumns rows). Needs no sequence length: it can be loaded first thing.
+// block's kColumns rows).
 __device__ __forceinline__ float4 fetch_query_row(const AttentionArgs& a, const BlockCoords& bc,
                                                   int warp, int lane) {
   if (warp >= kColumns) return make_float4(0, 0, 0, 0);
@@ -294,55 +294,52 @@ __device__ __forceinline__ float4 fetch_query_row(const AttentionArgs& a, const 
   return q != nullptr ? reinterpret_cast<const float4*>(q)[lane] : make_float4(0, 0, 0, 0);
 }
 
-// H diag(s) x of one row, lane l holding dims 4l .. 4l+3 (x4 in, o out), without the scale:
-// sign flips, then butterflies across lanes (h = 1, 2 in the lane, h >= 4 by shuffles).
-__device__ __forceinline__ void rotate_row(float4 x4, int lane, uint4 flips, float (&o)[4]) {
-  o[0] = x4.x, o[1] = x4.y, o[2] = x4.z, o[3] = x4.w;
-  const uint32_t word = lane < 8 ? flips.x : lane < 16 ? flips.y : lane < 24 ? flips.z : flips.w;
-  {
+// A 128-dim row spread over a warp, lane l holding dims 4l .. 4l+3 (the query rotation and
+// the merge's inverse rotation). Sign-flip word of the lane's dims: they are bits
+// (4l + j) % 32 of word l / 8 of the 128-bit mask (constant indices keep the mask, a kernel
+// argument, out of local memory).
+__device__ __forceinline__ uint32_t lane_flip_word(uint4 flips, int lane) {
+  return lane < 8 ? flips.x : lane < 16 ? flips.y : lane < 24 ? flips.z : flips.w;
+}
+
+// o = H o (unnormalized Walsh-Hadamard): butterflies h = 1, 2 in the lane, h >= 4 by shuffles.
+__device__ __forceinline__ void hadamard_row(float (&o)[4], int lane) {
+#pragma unroll
+  for (int h = 1; h <= 2; h *= 2) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      if ((word >> ((4 * lane + j) % 32)) & 1u) o[j] = -o[j];
+      if (j & h) continue;
+      const float u = o[j], v = o[j + h];
+      o[j] = u + v;
+      o[j + h] = u - v;
     }
+  }
 #pragma unroll
-    for (int h = 1; h <= 2; h *= 2) {
+  for (int h = 4; h < kHeadDim; h *= 2) {
+    const bool upper = lane & (h / 4);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if (j & h) continue;
-        const float u = o[j], v = o[j + h];
-        o[j] = u + v;
-        o[j + h] = u - v;
-      }
-    }
-#pragma unroll
-    for (int h = 4; h < kHeadDim; h *= 2) {
-      const bool upper = lane & (h / 4);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float other = __shfl_xor_sync(0xffffffffu, o[j], h / 4);
-        o[j] = upper ? other - o[j] : o[j] + other;
-      }
+    for (int j = 0; j < 4; ++j) {
+      const float other = __shfl_xor_sync(0xffffffffu, o[j], h / 4);
+      o[j] = upper ? other - o[j] : o[j] + other;
     }
   }
 }
 
-// Rotated query rows for the score MMA: warp w < kColumns takes row w of the block (x4: the
-// lane's dims 4l .. 4l+3 from fetch_query_row), applies R = H diag(s) * scale and stores it to
-// q_rot[w]. No rotation (dense): rotate = false, scale = 1.
-__device__ __forceinline__ void rotate_query_row(float4 x4, int warp, int lane, bool rotate,
-                                                 uint4 flips, float scale,
-                                                 float (*q_rot)[kHeadDim]) {
-  if (warp >= kColumns) return;
-  float o[4] = {x4.x, x4.y, x4.z, x4.w};
-  if (rotate) rotate_row(x4, lane, flips, o);
-  reinterpret_cast<float4*>(q_rot[warp])[lane] =
-      make_float4(o[0] * scale, o[1] * scale, o[2] * scale, o[3] * scale);
+// H diag(s) x of one row (x4 in, o out), without the scale.
+__device__ __forceinline__ void rotate_row(float4 x4, int lane, uint4 flips, float (&o)[4]) {
+  o[0] = x4.x, o[1] = x4.y, o[2] = x4.z, o[3] = x4.w;
+  const uint32_t word = lane_flip_word(flips, lane);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if ((word >> ((4 * lane + j) % 32)) & 1u) o[j] = -o[j];
+  }
+  hadamard_row(o, lane);
 }
 
+// Query row `warp` of the block, unrotated, into q_rows[warp] (the dense kernel).
 __device__ __forceinline__ void load_query_row(const AttentionArgs& a, const BlockCoords& bc,
-                                               int warp, int lane, bool rotate, uint4 flips,
-                                               float scale, float (*q_rot)[kHeadDim]) {
-  rotate_query_row(fetch_query_row(a, bc, warp, lane), warp, lane, rotate, flips, scale, q_rot);
+                                               int warp, int lane, float (*q_rows)[kHeadDim]) {
+  reinterpret_cast<float4*>(q_rows[warp])[lane] = fetch_query_row(a, bc, warp, lane);
 }
 
 }  // namespace turbokv::cuda::attn
