@@ -1,5 +1,7 @@
 // Owning device allocation (cudaMalloc / cudaFree), move-only. Costly operations have names
-// that say so: upload(), download(), zero().
+// that say so: upload(), download(), zero(). Each is complete when it returns, so work queued
+// afterwards on any stream, non-blocking ones included, sees the data: cudaMemset and a
+// pageable cudaMemcpy to the device may still be running on the legacy stream at return.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,6 +39,7 @@ class DeviceBuffer {
     if (!host.empty()) {
       TURBOKV_CUDA_CHECK(
           cudaMemcpy(buffer.data_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+      TURBOKV_CUDA_CHECK(cudaStreamSynchronize(nullptr));
     }
     return buffer;
   }
@@ -49,7 +52,9 @@ class DeviceBuffer {
     return host;
   }
   void zero() {
-    if (count_ > 0) TURBOKV_CUDA_CHECK(cudaMemset(data_, 0, count_ * sizeof(T)));
+    if (count_ == 0) return;
+    TURBOKV_CUDA_CHECK(cudaMemset(data_, 0, count_ * sizeof(T)));
+    TURBOKV_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   }
 
   T* data() { return data_; }
