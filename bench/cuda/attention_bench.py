@@ -118,6 +118,20 @@ def copy_bandwidth():
     return 2 * n / (times[len(times) // 2] * 1e-3) / 1e9
 
 
+def quantize_sequences(lib, tiles, batch, ctx, seed, kv_of):
+    """Quantizes sequence b's K and V, kv_of(b) = (k, v) as [ctx, kv_heads, D] (any float
+    dtype), into tiles[b * per_seq:] with the library's TurboQuant 3.5 kernel."""
+    max_tiles = (ctx + 31) // 32
+    per_seq = KV_HEADS * max_tiles * lib.tkv_tq_tile_bytes()
+    zero = torch.zeros(1, dtype=torch.int32, device=tiles.device)
+    for b in range(batch):
+        kb, vb = (x.float().contiguous() for x in kv_of(b))
+        check(lib, lib.tkv_tq_quantize(kb.data_ptr(), vb.data_ptr(), zero.data_ptr(),
+                                       tiles.data_ptr() + b * per_seq, 1, ctx, KV_HEADS,
+                                       max_tiles, seed), "quantize")
+        del kb, vb
+
+
 def run_case(lib, batch, ctx, variants=(), seed=0):
     torch.manual_seed(seed)
     dev = "cuda"
@@ -136,15 +150,8 @@ def run_case(lib, batch, ctx, variants=(), seed=0):
     lens = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
 
     tiles = torch.zeros(tq_copies * tq_copy, dtype=torch.uint8, device=dev)
-    zero = torch.zeros(1, dtype=torch.int32, device=dev)
-    per_seq = KV_HEADS * max_tiles * tile_bytes
-    for b in range(batch):  # quantize sequence by sequence: fp32 [1, ctx, kv_heads, D]
-        kb = k[0, b].transpose(0, 1).float().contiguous()
-        vb = v[0, b].transpose(0, 1).float().contiguous()
-        check(lib, lib.tkv_tq_quantize(kb.data_ptr(), vb.data_ptr(), zero.data_ptr(),
-                                       tiles.data_ptr() + b * per_seq, 1, ctx, KV_HEADS,
-                                       max_tiles, seed), "quantize")
-        del kb, vb
+    quantize_sequences(lib, tiles, batch, ctx, seed,
+                       lambda b: (k[0, b].transpose(0, 1), v[0, b].transpose(0, 1)))
     for c in range(1, tq_copies):
         tiles[c * tq_copy:(c + 1) * tq_copy].copy_(tiles[:tq_copy])
     for c in range(1, f16_copies):
@@ -208,17 +215,12 @@ TIMELINE_POINTS = 8  # attn::kTimelinePoints: entry, prologue, loop, partial, pu
 def timeline_case(lib, batch, ctx, reps=7, seed=0):
     """Per-block %globaltimer stamps of single calls: where a call's time goes."""
     torch.manual_seed(seed)
-    tile_bytes = lib.tkv_tq_tile_bytes()
     max_tiles = (ctx + 31) // 32
-    per_seq = KV_HEADS * max_tiles * tile_bytes
-    tiles = torch.zeros(batch * per_seq, dtype=torch.uint8, device="cuda")
-    zero = torch.zeros(1, dtype=torch.int32, device="cuda")
-    for b in range(batch):
-        kb = torch.randn(ctx, KV_HEADS, D, device="cuda")
-        vb = torch.randn(ctx, KV_HEADS, D, device="cuda")
-        check(lib, lib.tkv_tq_quantize(kb.data_ptr(), vb.data_ptr(), zero.data_ptr(),
-                                       tiles.data_ptr() + b * per_seq, 1, ctx, KV_HEADS,
-                                       max_tiles, seed), "quantize")
+    tiles = torch.zeros(batch * KV_HEADS * max_tiles * lib.tkv_tq_tile_bytes(), dtype=torch.uint8,
+                        device="cuda")
+    quantize_sequences(lib, tiles, batch, ctx, seed,
+                       lambda b: (torch.randn(ctx, KV_HEADS, D, device="cuda"),
+                                  torch.randn(ctx, KV_HEADS, D, device="cuda")))
     q = torch.randn(batch, 1, N_HEADS, D, device="cuda")
     lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     out = torch.empty(batch, 1, N_HEADS, D, device="cuda")
