@@ -9,6 +9,7 @@
 
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -44,7 +45,8 @@ int max_len(const Case& c) {
 }
 
 // Runs `attend(problem, workspace, bytes)` twice on one workspace, the output poisoned with
-// NaN before each; returns the second output.
+// NaN before each; returns the second output. The workspace must be all zero after each call
+// (what the next call, of any shape, relies on).
 template <typename Attend>
 std::vector<float> run_attention(const Case& c, const std::vector<float>& q, float scale,
                                  CacheKind kind, Attend attend) {
@@ -66,10 +68,17 @@ std::vector<float> run_attention(const Case& c, const std::vector<float>& q, flo
   DeviceBuffer<uint8_t> workspace(bytes);
   workspace.zero();
   // Twice with one workspace: the first call must leave it ready for the next.
+  auto expect_zero_workspace = [&] {
+    const std::vector<uint8_t> w = workspace.download();
+    EXPECT_EQ(size_t(std::count(w.begin(), w.end(), uint8_t(0))), w.size())
+        << "workspace not all zero after a call";
+  };
   attend(p, workspace.data(), bytes);
+  expect_zero_workspace();
   TURBOKV_CUDA_CHECK(cudaMemset(d_out.data(), 0xff, d_out.bytes()));
   attend(p, workspace.data(), bytes);
   TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
+  expect_zero_workspace();
   return d_out.download();
 }
 

@@ -46,8 +46,8 @@ struct DenseCacheView {
   int capacity = 0;  // tokens per (sequence, kv head)
 };
 
-// Bytes of scratch the attention call needs for this problem (split partials and per-split
-// flags). The workspace must be zero-filled before its first use (cudaMemset); every call
+// Bytes of scratch the attention call needs for this problem (the splits' partial results).
+// The workspace must be zero-filled before its first use (cudaMemset); every call
 // leaves it ready for the next one, so it can be allocated once and reused (and captured in a
 // CUDA graph). Calls sharing a workspace must not run concurrently.
 size_t attention_workspace_bytes(const AttentionProblem& problem, CacheKind kind);

@@ -1,5 +1,5 @@
 // Planning of the split-K grid (one wave of blocks on the device) and the workspace:
-//   [flags: batch * kv_heads * row_groups * splits ints, padded to 16 B][part_acc][part_ml]
+//   [part_acc][part_ml] (params.h)
 #include <algorithm>
 
 #include "core/error.h"
@@ -12,9 +12,7 @@ namespace {
 
 struct SplitPlan {
   attn::AttentionArgs args;
-  size_t flag_bytes = 0;
-  size_t acc_floats = 0;
-  size_t ml_pairs = 0;
+  size_t partials = 0;  // (sequence, kv head, row, split) tuples
 };
 
 void validate(const AttentionProblem& p) {
@@ -56,18 +54,14 @@ SplitPlan plan(const AttentionProblem& p, CacheKind kind) {
   const int splits = std::clamp(slots / base, 1, std::min(max_tiles, attn::kMaxSplits));
   a.tiles_per_split = (max_tiles + splits - 1) / splits;
   a.splits = (max_tiles + a.tiles_per_split - 1) / a.tiles_per_split;
-  const size_t partials = size_t(p.batch) * p.kv_heads * a.rows * a.splits;
-  plan.flag_bytes =
-      (size_t(p.batch) * p.kv_heads * a.row_groups * a.splits * sizeof(int) + 15) / 16 * 16;
-  plan.acc_floats = partials * attn::kHeadDim;
-  plan.ml_pairs = partials;
+  plan.partials = size_t(p.batch) * p.kv_heads * a.rows * a.splits;
   a.out = p.out;
   a.timeline = p.timeline;
   return plan;
 }
 
 size_t workspace_bytes(const SplitPlan& plan) {
-  return plan.flag_bytes + plan.acc_floats * sizeof(float) + plan.ml_pairs * sizeof(float2);
+  return plan.partials * (attn::kHeadDim / 4 * sizeof(uint4) + sizeof(uint2));
 }
 
 void bind_workspace(SplitPlan& plan, void* workspace, size_t bytes) {
@@ -76,9 +70,9 @@ void bind_workspace(SplitPlan& plan, void* workspace, size_t bytes) {
                                   workspace_bytes(plan), " B (attention_workspace_bytes)"));
   }
   char* base = static_cast<char*>(workspace);
-  plan.args.flags = reinterpret_cast<int*>(base);
-  plan.args.part_acc = reinterpret_cast<float*>(base + plan.flag_bytes);
-  plan.args.part_ml = reinterpret_cast<float2*>(plan.args.part_acc + plan.acc_floats);
+  plan.args.part_acc = reinterpret_cast<uint4*>(base);
+  plan.args.part_ml =
+      reinterpret_cast<uint2*>(plan.args.part_acc + plan.partials * (attn::kHeadDim / 4));
 }
 
 }  // namespace

@@ -1,18 +1,19 @@
-// Merge step of split-K attention, done inside the attention kernel (no second launch): the
-// block of split 0 of a row group waits until every other split has published its partial
-// (one flag per split), then one warp per query row adds the splits' partials with
-// log-sum-exp weights, divides by the softmax sum and, for TurboQuant, takes the row back from
-// the values' rotated frame with one inverse Hadamard rotation (state.cuh's hadamard_row).
+// Merge step of split-K attention, done inside the attention kernel (no second launch): every
+// split writes its partial (state.cuh's write_block_partial, self-validating words), and the
+// block of split 0 of a row group merges them as they arrive: one warp per query row polls the
+// splits' partials until every word is written, adds them with log-sum-exp weights, divides by
+// the softmax sum and, for TurboQuant, takes the row back from the values' rotated frame with
+// one inverse Hadamard rotation (state.cuh's hadamard_row). It then zeroes what it read, so the
+// workspace is all zero again for the next call.
 //
-// Why split 0 waits instead of the last block to finish merging: the last block then only
-// publishes its partial to a merger that is already waiting, with no counter atomic to
-// round-trip first (measured: bench/results/2026-11-30-h200-attention-fixed-costs.txt).
-// Waiting needs the other splits to run while split 0 waits: with 2 or more splits launch.cc
-// plans at most as many blocks as the whole device holds at once, a merger (one per row
-// group) waits only for blocks of its own row group, and those never wait, so any block that
-// is not yet resident gets an SM as soon as one of them exits. Only a device share smaller
-// than that (e.g. an MPS or green-context slice of very few SMs, all taken by waiting
-// mergers) could stall it; the counter-based merge before commit 788fed8 had no such limit.
+// Why split 0 polls the data: the data is its own "ready" flag (kPartialKey), so a split's
+// partial reaches the merger with no fence, flag or counter round trip after it (measured:
+// bench/results/2026-11-30-h200-attention-fixed-costs.txt). Waiting needs the other splits to
+// run while split 0 waits: with 2 or more splits launch.cc plans at most as many blocks as the
+// whole device holds at once, a merger (one per row group) waits only for blocks of its own
+// row group, and those never wait, so any block that is not yet resident gets an SM as soon as
+// one of them exits. Only a device share smaller than that (e.g. an MPS or green-context slice
+// of very few SMs, all taken by waiting mergers) could stall it.
 #pragma once
 
 #include "kernels/cuda/attention/params.h"
@@ -20,39 +21,64 @@
 
 namespace turbokv::cuda::attn {
 
+__device__ __forceinline__ bool written(uint4 x) {
+  return x.x != 0 && x.y != 0 && x.z != 0 && x.w != 0;
+}
+__device__ __forceinline__ bool written(uint2 x) { return x.x != 0 && x.y != 0; }
+
 __device__ __forceinline__ void merge_row(const AttentionArgs& a, int b, int kv_head, int row,
                                           int n_splits, int lane) {
   const size_t base = ((size_t(b) * a.kv_heads + kv_head) * a.rows + row) * a.splits;
-  const float4* part = reinterpret_cast<const float4*>(a.part_acc + base * kHeadDim) + lane;
+  uint4* part = a.part_acc + base * (kHeadDim / 4) + lane;
+  uint2* part_ml = a.part_ml + base;
   // Splits in chunks of kChunk: every lane loads the chunk's (m, l) pairs (broadcast) and its
-  // own 4 dims of each accumulator, all in one round trip, and merges them without shuffles.
+  // own 4 dims of each accumulator, all in one round trip, then again those not written yet,
+  // and merges them without shuffles.
   constexpr int kChunk = 16;
+  const uint32_t zero = encode_partial(0.0f);
   float m = -INFINITY, l = 0;
   float4 acc = make_float4(0, 0, 0, 0);
   for (int s0 = 0; s0 < n_splits; s0 += kChunk) {
-    float2 ml[kChunk];
-    float4 x[kChunk];
+    uint2 ml[kChunk];
+    uint4 x[kChunk];
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) {
+    for (int i = 0; i < kChunk; ++i) {  // splits past n_splits: m = -inf, l = 0, acc = 0
       const bool in = s0 + i < n_splits;
-      ml[i] = in ? __ldcg(&a.part_ml[base + s0 + i]) : make_float2(-INFINITY, 0.0f);
-      x[i] = in ? __ldcg(part + (s0 + i) * (kHeadDim / 4)) : make_float4(0, 0, 0, 0);
+      ml[i] = in ? make_uint2(0, 0) : make_uint2(encode_partial(-INFINITY), zero);
+      x[i] = in ? make_uint4(0, 0, 0, 0) : make_uint4(zero, zero, zero, zero);
     }
+    bool have_all;
+    do {
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) {
+        if (!written(ml[i])) ml[i] = load_relaxed(part_ml + s0 + i);
+        if (!written(x[i])) x[i] = load_relaxed(part + (s0 + i) * (kHeadDim / 4));
+      }
+      have_all = true;
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) have_all = have_all && written(ml[i]) && written(x[i]);
+    } while (!__all_sync(0xffffffffu, have_all));
+    float mi[kChunk];
     float m_new = m;
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) m_new = fmaxf(m_new, ml[i].x);
+    for (int i = 0; i < kChunk; ++i) {
+      mi[i] = decode_partial(ml[i].x);
+      m_new = fmaxf(m_new, mi[i]);
+    }
     if (m_new == -INFINITY) continue;          // no token in any split so far
     const float alpha = fast_exp2(m - m_new);  // 0 while m is -inf
     l *= alpha;
     acc.x *= alpha, acc.y *= alpha, acc.z *= alpha, acc.w *= alpha;
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) {
-      const float w = fast_exp2(ml[i].x - m_new);  // 0 for empty and missing splits (-inf)
-      l += ml[i].y * w;
-      acc.x += x[i].x * w, acc.y += x[i].y * w, acc.z += x[i].z * w, acc.w += x[i].w * w;
+      const float w = fast_exp2(mi[i] - m_new);  // 0 for empty and missing splits (-inf)
+      l += decode_partial(ml[i].y) * w;
+      acc.x += decode_partial(x[i].x) * w, acc.y += decode_partial(x[i].y) * w;
+      acc.z += decode_partial(x[i].z) * w, acc.w += decode_partial(x[i].w) * w;
     }
     m = m_new;
   }
+  stamp(a, kStampPublished);  // warp 0: its row's partials are all in
   const float inv = l > 0 ? 1.0f / l : 0.0f;
   float o[4] = {acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv};
   if (a.unrotate) {  // R^T y = s ⊙ (H y) * scale
@@ -68,50 +94,28 @@ __device__ __forceinline__ void merge_row(const AttentionArgs& a, int b, int kv_
   const int head = kv_head * a.group + row % a.group;
   reinterpret_cast<float4*>(a.out + ((size_t(b) * a.n_q + qi) * a.n_heads + head) *
                                         kHeadDim)[lane] = make_float4(o[0], o[1], o[2], o[3]);
-}
-
-__device__ __forceinline__ int load_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// Spins until splits 1 .. n_splits - 1 have published (lane l watches splits l + 1, l + 33, ...);
-// after it, every lane of the warp may read their partials.
-__device__ __forceinline__ void wait_for_splits(const int* flags, int n_splits, int lane) {
-  for (int s = 1 + lane; s < n_splits; s += 32) {
-    while (load_acquire(flags + s) == 0) {
-    }
+  // Back to zero for the next call (every lane has read the (m, l) pairs: the votes and
+  // shuffles above come after its loads).
+  for (int s = 0; s < n_splits; ++s) {
+    store_relaxed(part + s * (kHeadDim / 4), make_uint4(0, 0, 0, 0));
   }
-  __syncwarp();  // orders the other lanes' reads after the acquires
+  for (int s = lane; s < n_splits; s += 32) store_relaxed(part_ml + s, make_uint2(0, 0));
 }
 
-// After write_block_partial: split s > 0 publishes its partial; split 0's block waits for the
-// others, merges (warp w takes rows w, w + kNumWarps, ... of the group) and clears the flags
-// for the next call.
+// After write_block_partial: split 0's block merges its row group (warp w takes rows w,
+// w + kNumWarps, ... of the group) as the other splits' partials arrive; the others are done.
 template <int kNumWarps>
 __device__ __forceinline__ void finish_row_group(const AttentionArgs& a, const BlockCoords& bc,
                                                  int warp, int lane) {
-  const int n_splits = (bc.n_tiles + a.tiles_per_split - 1) / a.tiles_per_split;
-  int* flags =
-      a.flags + ((size_t(bc.b) * a.kv_heads + bc.kv_head) * a.row_groups + bc.row_group) * a.splits;
-  __syncthreads();  // every thread's partial stores are issued
   if (bc.split != 0) {
-    if (threadIdx.x == 0) {
-      __threadfence();  // cumulative over the block's stores that the barrier ordered before it
-      atomicExch(flags + bc.split, 1);
-    }
     stamp(a, kStampPublished);
     return;
   }
-  wait_for_splits(flags, n_splits, lane);
-  stamp(a, kStampPublished);
+  const int n_splits = (bc.n_tiles + a.tiles_per_split - 1) / a.tiles_per_split;
   for (int col = warp; col < kColumns; col += kNumWarps) {
     const int row = bc.row_group * kColumns + col;
     if (row < a.rows) merge_row(a, bc.b, bc.kv_head, row, n_splits, lane);
   }
-  __syncthreads();  // every warp is past its wait
-  for (int s = 1 + threadIdx.x; s < n_splits; s += blockDim.x) flags[s] = 0;
   stamp(a, kStampLast, 1);
   stamp(a, kStampMerged);
 }

@@ -2,9 +2,10 @@
 // device). Shapes (row-major):
 //   q, out    [batch, n_q, n_heads, 128] fp32; the n_q queries are the last n_q positions of
 //             each sequence (query i of sequence b sees tokens < seq_len[b] - n_q + i + 1)
-//   part_acc  [batch, kv_heads, rows, splits, 128] fp32   rows = n_q * (n_heads / kv_heads)
-//   part_ml   [batch, kv_heads, rows, splits] (max of log2-scores, sum of 2^(s - max))
-//   flags     [batch, kv_heads, row_groups, splits] int
+//   part_acc  [batch, kv_heads, rows, splits, 32] uint4 (128 dims)   rows = n_q * group
+//   part_ml   [batch, kv_heads, rows, splits] uint2 (max of log2-scores, sum of 2^(s - max))
+// The partials hold fp32 bits XOR kPartialKey (merge.cuh): all-zero words read as "not written
+// yet", so the merger polls the data itself and needs no flags.
 // A block serves one KV head's 8 query rows ("columns" of its tensor-core tiles) over one
 // split of the sequence, so one pass over a KV head's cache serves all its query heads.
 #pragma once
@@ -25,11 +26,10 @@ struct AttentionArgs {
   const float* q = nullptr;
   const int* seq_lens = nullptr;  // [batch], device
   float* out = nullptr;
-  float* part_acc = nullptr;
-  float2* part_ml = nullptr;
-  // [batch, kv_heads, row_groups, splits]: 1 once split s > 0 has written its partial; split
-  // 0's block merges and puts them back to 0 (zero before the first call, reusable after).
-  int* flags = nullptr;
+  // Zero before the first call; split 0's block zeroes what it merged, so they are zero again
+  // after every call.
+  uint4* part_acc = nullptr;
+  uint2* part_ml = nullptr;
   int n_q = 0;
   int n_heads = 0;
   int kv_heads = 0;
@@ -49,8 +49,8 @@ struct AttentionArgs {
 
 // Timeline points of one block (%globaltimer ns; 0 where the block never got there):
 // entry, prologue done (tables and rotated queries ready), warp 0 out of its tile loop,
-// split partial written, published (split > 0) or every other split seen (split 0), merge done
-// (split 0 only), SM id, 1 if the block merged its row group.
+// split partial written, done (split > 0) or warp 0 has every split's partial of its row
+// (split 0), merge done (split 0 only), SM id, 1 if the block merged its row group.
 enum TimelinePoint {
   kStampEntry,
   kStampPrologue,

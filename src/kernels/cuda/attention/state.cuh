@@ -212,6 +212,46 @@ __device__ __forceinline__ void softmax_any_tile(WarpState& st, const float (&s)
   }
 }
 
+// Partials go through the workspace as fp32 bits XOR kPartialKey, written and read with
+// relaxed gpu-scope accesses (each 32-bit word on its own): a zero word (the workspace between
+// calls) is one not written yet, so the merger waits on the data itself, with no flag and no
+// fence between writing a partial and publishing it. No result of arithmetic encodes to 0:
+// kPartialKey is a signaling NaN, and NVIDIA arithmetic only ever returns the canonical NaN.
+constexpr uint32_t kPartialKey = 0x7FBADBADu;
+
+__device__ __forceinline__ uint32_t encode_partial(float x) {
+  return __float_as_uint(x) ^ kPartialKey;
+}
+__device__ __forceinline__ float decode_partial(uint32_t w) {
+  return __uint_as_float(w ^ kPartialKey);
+}
+
+__device__ __forceinline__ void store_relaxed(uint4* p, uint4 x) {
+  asm volatile("st.relaxed.gpu.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(x.x), "r"(x.y),
+               "r"(x.z), "r"(x.w)
+               : "memory");
+}
+__device__ __forceinline__ void store_relaxed(uint2* p, uint2 x) {
+  asm volatile("st.relaxed.gpu.global.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(x.x), "r"(x.y)
+               : "memory");
+}
+__device__ __forceinline__ uint4 load_relaxed(const uint4* p) {
+  uint4 x;
+  asm volatile("ld.relaxed.gpu.global.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+               : "l"(p)
+               : "memory");
+  return x;
+}
+__device__ __forceinline__ uint2 load_relaxed(const uint2* p) {
+  uint2 x;
+  asm volatile("ld.relaxed.gpu.global.v2.b32 {%0, %1}, [%2];"
+               : "=r"(x.x), "=r"(x.y)
+               : "l"(p)
+               : "memory");
+  return x;
+}
+
 // Shared-memory rows of the block merge are padded to kPartialRow floats: the stores of a
 // fragment (lanes 4g + c: column 2c + i, dim g + ...) then hit 32 different banks, and rows stay
 // 16-B aligned for the combine's float4 loads.
@@ -280,8 +320,10 @@ __device__ __forceinline__ void write_block_partial(WarpState& st, float* scratc
       }
     }
     const size_t p = first + size_t(col) * a.splits;
-    reinterpret_cast<float4*>(a.part_acc + p * kHeadDim)[d4] = acc;
-    if (d4 == 0) a.part_ml[p] = make_float2(m, l);
+    store_relaxed(a.part_acc + p * (kHeadDim / 4) + d4,
+                  make_uint4(encode_partial(acc.x), encode_partial(acc.y), encode_partial(acc.z),
+                             encode_partial(acc.w)));
+    if (d4 == 0) store_relaxed(a.part_ml + p, make_uint2(encode_partial(m), encode_partial(l)));
   }
 }
 
