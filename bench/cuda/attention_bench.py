@@ -8,6 +8,10 @@ that cycle over enough copies of the cache that it is read from HBM (>= 256 MB t
 cycle), median of `reps` replays; the methods' replays are interleaved round by round, so a
 clock that drifts during the run (the GPU warming up) does not favour the one timed first. Also measures device-to-device copy bandwidth (read + write
 bytes) in the same run. Bytes read: TurboQuant 116 B per token per KV head, fp16 512 B.
+TurboQuant is timed twice: plain launches (tq35_us, the columns after it) and with
+programmatic dependent launch (pdl_us: each call's prologue may overlap the previous call's
+end, as it would overlap the previous kernel of a decode step in an engine that enables PDL;
+SDPA and our dense kernel are launched plainly). Both must give the same output.
 
 usage: attention_bench.py --lib build/bench/cuda/libturbokv_cuda_bench.so [--cases 1:4096,16:32768]
        [--variant NAME=OTHER_BUILD.so ...] [--timeline]
@@ -37,7 +41,7 @@ def load_lib(path):
     lib.tkv_tq_quantize.restype = D64
     lib.tkv_tq_quantize.argtypes = [P, P, P, P, I, I, I, I, U64]
     lib.tkv_tq_graph.restype = P
-    lib.tkv_tq_graph.argtypes = [P, I, I, S, P, I, P, I, I, I, F32, P, U64, I]
+    lib.tkv_tq_graph.argtypes = [P, I, I, S, P, I, P, I, I, I, F32, P, U64, I, I]
     lib.tkv_dense_graph.restype = P
     lib.tkv_dense_graph.argtypes = [P, P, I, I, S, P, I, P, I, I, I, F32, P, I]
     lib.tkv_graph_us.restype = D64
@@ -160,30 +164,33 @@ def run_case(lib, batch, ctx, variants=(), seed=0):
 
     out_tq = torch.empty(batch, 1, N_HEADS, D, device=dev)
     out_dense = torch.empty_like(out_tq)
-    tq = lib.tkv_tq_graph(tiles.data_ptr(), max_tiles, tq_copies, tq_copy, lens.data_ptr(), ctx,
-                          q32.data_ptr(), batch, N_HEADS, KV_HEADS, scale, out_tq.data_ptr(), seed,
-                          CALLS)
+    def tq_graph(l, out, programmatic):
+        return l.tkv_tq_graph(tiles.data_ptr(), max_tiles, tq_copies, tq_copy, lens.data_ptr(),
+                              ctx, q32.data_ptr(), batch, N_HEADS, KV_HEADS, scale, out.data_ptr(),
+                              seed, CALLS, programmatic)
+    tq = tq_graph(lib, out_tq, 0)
+    out_pdl = torch.empty_like(out_tq)
+    tq_pdl = tq_graph(lib, out_pdl, 1)
     dense = lib.tkv_dense_graph(k.data_ptr(), v.data_ptr(), ctx, f16_copies,
                                 batch * KV_HEADS * ctx * D, lens.data_ptr(), ctx, q32.data_ptr(),
                                 batch, N_HEADS, KV_HEADS, scale, out_dense.data_ptr(), CALLS)
 
     # Other builds of our library (--variant): the same TurboQuant call on the same data.
     variant_out = {name: torch.empty_like(out_tq) for name, _ in variants}
-    variant_graphs = {
-        name: (vlib, vlib.tkv_tq_graph(tiles.data_ptr(), max_tiles, tq_copies, tq_copy,
-                                       lens.data_ptr(), ctx, q32.data_ptr(), batch, N_HEADS,
-                                       KV_HEADS, scale, variant_out[name].data_ptr(), seed, CALLS))
-        for name, vlib in variants}
+    variant_graphs = {name: (vlib, tq_graph(vlib, variant_out[name], 0))
+                      for name, vlib in variants}
 
     def sdpa(i):
         F.scaled_dot_product_attention(q, k[i % f16_copies], v[i % f16_copies], enable_gqa=True)
     sdpa_timer, sdpa_graph = torch_graph_timer(sdpa)
     timers = {"tq": lib_graph_timer(lib, tq, "tq attention"),
+              "tq_pdl": lib_graph_timer(lib, tq_pdl, "tq attention (PDL)"),
               "dense": lib_graph_timer(lib, dense, "dense attention"), "sdpa": sdpa_timer}
     for name, (vlib, handle) in variant_graphs.items():
         timers["variant " + name] = lib_graph_timer(vlib, handle, name)
     us = time_interleaved(timers)
     lib.tkv_graph_free(tq)
+    lib.tkv_graph_free(tq_pdl)
     lib.tkv_graph_free(dense)
     for vlib, handle in variant_graphs.values():
         vlib.tkv_graph_free(handle)
@@ -195,12 +202,16 @@ def run_case(lib, batch, ctx, variants=(), seed=0):
     ref = ref.transpose(1, 2)
     dense_err = ((out_dense - ref).norm() / ref.norm()).item()
     tq_cos = F.cosine_similarity(out_tq.flatten(1), ref.flatten(1)).min().item()
+    if not torch.equal(out_pdl, out_tq):
+        raise SystemExit(f"batch {batch}, {ctx}: the PDL launch's output differs from the plain "
+                         f"launch's (max |diff| {(out_pdl - out_tq).abs().max().item():.1e})")
     del k, v, tiles
     torch.cuda.empty_cache()
     tokens = batch * KV_HEADS * ctx
     variant_rows = [(name, us["variant " + name], (variant_out[name] - out_tq).abs().max().item())
                     for name, _ in variants]
     return dict(batch=batch, ctx=ctx, sdpa_us=sdpa_us, dense_us=dense_us, tq_us=tq_us,
+                tq_pdl_us=us["tq_pdl"],
                 variants=variant_rows,
                 tq_gbps=tokens * TQ_BYTES_PER_TOKEN_HEAD / (tq_us * 1e3),
                 sdpa_gbps=tokens * F16_BYTES_PER_TOKEN_HEAD / (sdpa_us * 1e3),
@@ -292,14 +303,15 @@ def main():
     bw = copy_bandwidth()
     print(f"# device-to-device copy bandwidth (read+write): {bw:.0f} GB/s")
     header = (f"{'batch':>5} {'context':>8} {'sdpa_us':>9} {'dense_us':>9} {'tq35_us':>9} "
-              f"{'tq/sdpa':>8} {'tq/dense':>8} {'sdpa_GB/s':>9} {'tq_GB/s':>8} {'tq_%copy':>8} "
-              f"{'dense_err':>9} {'tq_cos':>7}")
+              f"{'tq/sdpa':>8} {'tq/dense':>8} {'pdl_us':>8} {'pdl/sdpa':>8} {'sdpa_GB/s':>9} "
+              f"{'tq_GB/s':>8} {'tq_%copy':>8} {'dense_err':>9} {'tq_cos':>7}")
     print(header)
     for batch, ctx in cases:
         r = run_case(lib, batch, ctx, variants)
         print(f"{r['batch']:>5} {r['ctx']:>8} {r['sdpa_us']:>9.1f} {r['dense_us']:>9.1f} "
               f"{r['tq_us']:>9.1f} {r['sdpa_us'] / r['tq_us']:>7.2f}x "
-              f"{r['dense_us'] / r['tq_us']:>7.2f}x {r['sdpa_gbps']:>9.0f} {r['tq_gbps']:>8.0f} "
+              f"{r['dense_us'] / r['tq_us']:>7.2f}x {r['tq_pdl_us']:>8.1f} "
+              f"{r['sdpa_us'] / r['tq_pdl_us']:>7.2f}x {r['sdpa_gbps']:>9.0f} {r['tq_gbps']:>8.0f} "
               f"{100 * r['tq_gbps'] / bw:>7.0f}% {r['dense_rel_err']:>9.1e} {r['tq_min_cos']:>7.4f}",
               flush=True)
         for name, v_us, diff in r["variants"]:

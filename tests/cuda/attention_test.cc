@@ -44,12 +44,14 @@ int max_len(const Case& c) {
   return *std::max_element(c.lens.begin(), c.lens.end());
 }
 
-// Runs `attend(problem, workspace, bytes)` twice on one workspace, the output poisoned with
-// NaN before each; returns the second output. The workspace must be all zero after each call
-// (what the next call, of any shape, relies on).
+// Runs `attend(problem, workspace, bytes, stream)` twice on one workspace, the output poisoned
+// with NaN before each; returns the second output. The workspace must be all zero after each
+// call (what the next call, of any shape, relies on). programmatic: instead, three calls with
+// programmatic dependent launch queued back to back on one stream (each may start while the
+// one before finishes, on the same workspace and output).
 template <typename Attend>
 std::vector<float> run_attention(const Case& c, const std::vector<float>& q, float scale,
-                                 CacheKind kind, Attend attend) {
+                                 CacheKind kind, Attend attend, bool programmatic = false) {
   auto d_q = DeviceBuffer<float>::upload(q);
   auto d_lens = DeviceBuffer<int>::upload(c.lens);
   DeviceBuffer<float> d_out(q.size());
@@ -64,6 +66,7 @@ std::vector<float> run_attention(const Case& c, const std::vector<float>& q, flo
   p.kv_heads = c.kv_heads;
   p.max_len = max_len(c);
   p.scale = scale;
+  p.programmatic_launch = programmatic;
   const size_t bytes = attention_workspace_bytes(p, kind);
   DeviceBuffer<uint8_t> workspace(bytes);
   workspace.zero();
@@ -73,10 +76,19 @@ std::vector<float> run_attention(const Case& c, const std::vector<float>& q, flo
     EXPECT_EQ(size_t(std::count(w.begin(), w.end(), uint8_t(0))), w.size())
         << "workspace not all zero after a call";
   };
-  attend(p, workspace.data(), bytes);
+  if (programmatic) {
+    cudaStream_t stream;
+    TURBOKV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (int i = 0; i < 3; ++i) attend(p, workspace.data(), bytes, stream);
+    TURBOKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+    TURBOKV_CUDA_CHECK(cudaStreamDestroy(stream));
+    expect_zero_workspace();
+    return d_out.download();
+  }
+  attend(p, workspace.data(), bytes, nullptr);
   expect_zero_workspace();
   TURBOKV_CUDA_CHECK(cudaMemset(d_out.data(), 0xff, d_out.bytes()));
-  attend(p, workspace.data(), bytes);
+  attend(p, workspace.data(), bytes, nullptr);
   TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
   expect_zero_workspace();
   return d_out.download();
@@ -84,7 +96,7 @@ std::vector<float> run_attention(const Case& c, const std::vector<float>& q, flo
 
 class CudaAttention : public CudaTest {};
 
-void check_turboquant(const Case& c, uint64_t seed) {
+void check_turboquant(const Case& c, uint64_t seed, bool programmatic = false) {
   SCOPED_TRACE(describe(c));
   const TQDeviceCodec codec(seed);
   const int batch = int(c.lens.size()), cap = max_len(c);
@@ -127,15 +139,18 @@ void check_turboquant(const Case& c, uint64_t seed) {
   const std::vector<float> ref = testing::reference_attention(
       q, c.lens, c.n_q, c.n_heads, c.kv_heads, kD, scale, at(k_hat), at(v_hat));
   const std::vector<float> out =
-      run_attention(c, q, scale, CacheKind::kTurboQuant, [&](auto& p, void* ws, size_t bytes) {
-        tq_attention(codec.kernel_codec(), {tiles.data(), max_tiles}, p, ws, bytes, nullptr);
-      });
+      run_attention(
+          c, q, scale, CacheKind::kTurboQuant,
+          [&](auto& p, void* ws, size_t bytes, cudaStream_t stream) {
+            tq_attention(codec.kernel_codec(), {tiles.data(), max_tiles}, p, ws, bytes, stream);
+          },
+          programmatic);
   const double err = testing::max_row_relative_error(out, ref, kD);
   std::printf("  turboquant max row relative error %.2e\n", err);
   EXPECT_LT(err, 4e-3);  // fp16 query, centroids and probabilities
 }
 
-void check_dense(const Case& c, uint64_t seed) {
+void check_dense(const Case& c, uint64_t seed, bool programmatic = false) {
   SCOPED_TRACE(describe(c));
   const int batch = int(c.lens.size()), cap = max_len(c) + 5;  // capacity not a tile multiple
   // Device layout k, v [batch, kv_heads, cap, 128] fp16.
@@ -173,7 +188,10 @@ void check_dense(const Case& c, uint64_t seed) {
                              reinterpret_cast<const __half*>(d_v.data()), cap};
   const std::vector<float> out = run_attention(
       c, q, scale, CacheKind::kDense,
-      [&](auto& p, void* ws, size_t bytes) { dense_attention(cache, p, ws, bytes, nullptr); });
+      [&](auto& p, void* ws, size_t bytes, cudaStream_t stream) {
+        dense_attention(cache, p, ws, bytes, stream);
+      },
+      programmatic);
   const double err = testing::max_row_relative_error(out, ref, kD);
   std::printf("  dense max row relative error %.2e\n", err);
   EXPECT_LT(err, 3e-3);  // fp16 query and P
@@ -192,6 +210,15 @@ TEST_F(CudaAttention, TurboQuantLongContextUsesManySplits) {
 TEST_F(CudaAttention, TurboQuantPrefillOverQuantizedCacheIsCausal) {
   check_turboquant({{40, 100}, 7, 8, 2}, 120);
   check_turboquant({{64}, 64, 4, 2}, 121);
+}
+
+// Calls with programmatic dependent launch overlap the one before them on the stream; they
+// must still wait for it before reading anything it writes (the shared workspace, the output).
+TEST_F(CudaAttention, ProgrammaticLaunchBackToBackMatchesReference) {
+  check_turboquant({{20000, 9000}, 1, 32, 8}, 130, true);
+  check_turboquant({{1, 77, 1000, 32}, 1, 32, 8}, 131, true);
+  check_turboquant({{40, 100}, 7, 8, 2}, 132, true);
+  check_dense({{20000, 300}, 1, 32, 8}, 230, true);
 }
 
 TEST_F(CudaAttention, DenseDecodeMatchesReference) {

@@ -30,6 +30,12 @@ struct AttentionProblem {
   int kv_heads = 0;
   int max_len = 0;  // host-side max of seq_lens (sizes the split grid); every len >= n_q
   float scale = 0;  // score = scale * <q, k>
+  // Programmatic dependent launch (PDL): the kernel may start while the kernel before it on the
+  // stream is still finishing, fills its shared-memory tables and prefetches the first cache
+  // tiles to L2, and waits for that kernel to complete (griddepcontrol.wait) before it reads
+  // anything: q, seq_lens, the cache, the workspace. Same results; it hides the launch gap
+  // when the previous kernel lets its successor start early (ours do, after their tile loop).
+  bool programmatic_launch = false;
   // Profiling only: when set, the TurboQuant kernel writes attn::kTimelinePoints %globaltimer
   // stamps per block here (attention/params.h says which); grid order, device memory.
   unsigned long long* timeline = nullptr;

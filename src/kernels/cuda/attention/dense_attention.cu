@@ -76,6 +76,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   __shared__ __align__(16) float q_s[kColumns][kHeadDim];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, c = lane % 4;
+  if (a.programmatic) wait_for_previous_kernel();  // PDL: everything below reads its inputs
   const BlockCoords bc = block_coords(a, c);
   if (bc.tile_begin >= bc.tile_end) return;
 
@@ -119,6 +120,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncwarp();
   }
   cp_async_wait<0>();
+  let_next_kernel_start();  // a PDL-launched successor may now take SMs as blocks finish
   write_block_partial<kWarps>(st, reinterpret_cast<float*>(smem), a, bc, warp, g, c);
   finish_row_group<kWarps>(a, bc, warp, lane);
 }
@@ -134,7 +136,8 @@ void launch_dense_attention(const AttentionArgs& args, const __half* k, const __
   }();
   (void)configured;
   const dim3 grid(args.splits, args.kv_heads * args.row_groups, batch);
-  dense_attention_kernel<<<grid, kWarps * 32, kSmemBytes, stream>>>(args, k, v, capacity);
+  launch_attention_kernel(dense_attention_kernel, grid, kWarps * 32, kSmemBytes, stream, args, k,
+                          v, capacity);
 }
 
 int dense_attention_blocks_per_sm() {

@@ -57,6 +57,7 @@ SplitPlan plan(const AttentionProblem& p, CacheKind kind) {
   plan.partials = size_t(p.batch) * p.kv_heads * a.rows * a.splits;
   a.out = p.out;
   a.timeline = p.timeline;
+  a.programmatic = p.programmatic_launch ? 1 : 0;
   return plan;
 }
 

@@ -43,6 +43,7 @@ struct AttentionArgs {
   int unrotate = 0;
   float hadamard_scale = 1;
   uint32_t value_sign_flips[4] = {0, 0, 0, 0};
+  int programmatic = 0;  // launched with PDL: wait for the previous kernel before reading
   // Profiling only (nullptr otherwise): kTimelinePoints stamps per block, see stamp().
   unsigned long long* timeline = nullptr;
 };

@@ -43,6 +43,17 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// Programmatic dependent launch (AttentionArgs::programmatic): wait_for_previous_kernel()
+// returns once the kernel before this one on the stream has completed and its writes are
+// visible (at once when not launched with PDL); let_next_kernel_start() allows the next
+// kernel, if launched with PDL, to begin its own prologue (it still waits for this one).
+__device__ __forceinline__ void wait_for_previous_kernel() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+__device__ __forceinline__ void let_next_kernel_start() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 // Profiling: thread 0 records `value` (default: %globaltimer) at `point` of this block's
 // timeline when the caller asked for one (AttentionArgs::timeline).
 __device__ __forceinline__ void stamp(const AttentionArgs& a, int point, long long value = -1) {

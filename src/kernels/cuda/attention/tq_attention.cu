@@ -74,6 +74,30 @@ __device__ __forceinline__ void fill_tables(char* tables, const TQKernelCodec& c
   }
 }
 
+// The first tile of the block's sequence and KV head.
+__device__ __forceinline__ const uint8_t* sequence_tiles(const AttentionArgs& a,
+                                                         const uint8_t* tiles,
+                                                         const BlockCoords& bc, int max_tiles) {
+  return tiles + (size_t(bc.b) * a.kv_heads + bc.kv_head) * size_t(max_tiles) * L::kTileBytes;
+}
+
+// Long splits: warp 0 bulk-prefetches the split's first kPrefetchTiles tiles to L2 (12 tiles
+// per lane), so HBM is busy while the prologue runs and the first steps hit L2 (measured: from
+// tile 0, not from the second round, is faster). seq: the sequence's first tile.
+__device__ __forceinline__ void prefetch_split_start(const AttentionArgs& a, const uint8_t* seq,
+                                                     int max_tiles, int warp, int lane) {
+  if (warp != 0 || a.tiles_per_split < kPrefetchFrom) return;
+  const int begin = blockIdx.x * a.tiles_per_split;
+  const int end = min(min(begin + a.tiles_per_split, max_tiles), begin + kPrefetchTiles);
+  const int t = begin + 12 * lane;
+  if (t < end) {
+    const uint32_t bytes = uint32_t(min(t + 12, end) - t) * L::kTileBytes;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(seq + size_t(t) * L::kTileBytes),
+                 "r"(bytes)
+                 : "memory");
+  }
+}
+
 // A tile as one lane holds it: 3 key chunks (12 words = 4 slots x 96 bits of 3-bit codes), the
 // lane group's norms (per slot: key norm, value norm as fp16), 4 value chunks.
 struct TileRegs {
@@ -213,6 +237,9 @@ __device__ __forceinline__ void process_tile(const TileRegs& r, int tile_token0,
   }
 }
 
+// kProgrammatic: launched with PDL (AttentionArgs::programmatic), a separate instantiation so
+// that the plain kernel's prologue is exactly the measured one.
+template <bool kProgrammatic>
 __global__ void __launch_bounds__(kBlockWarps * 32, 1)
     tq_attention_kernel(const AttentionArgs a, const TQKernelCodec codec, const uint8_t* tiles,
                         int max_tiles) {
@@ -223,41 +250,36 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 1)
   const int g = lane / 4, c = lane % 4;
   const uint32_t smem_base = smem_addr(smem);
   const uint32_t table_offset = (65536u - smem_base % 65536u) % 65536u;
+  BlockCoords bc = block_position(a);
+  // Launched with PDL: what reads nothing the previous kernel may write runs before waiting for
+  // it (the tables come from the codec argument; an L2 prefetch is only a hint).
+  if (kProgrammatic) {
+    fill_tables(smem + table_offset, codec, warp, lane);
+    prefetch_split_start(a, sequence_tiles(a, tiles, bc, max_tiles), max_tiles, warp, lane);
+    wait_for_previous_kernel();
+  }
   // The query row and the sequence length are requested first (measured: the prologue ends
   // sooner than with them queued behind the tile loads), then the warp's first tile, before
   // the length is known: it is inside the cache's capacity (allocated) whatever the length.
-  BlockCoords bc = block_position(a);
   const int len = load_nc(a.seq_lens + bc.b);
   const float* q_row = warp < kColumns ? query_row(a, bc, warp) : nullptr;
   const float4 q_in = q_row != nullptr ? load_nc(reinterpret_cast<const float4*>(q_row) + lane)
                                        : make_float4(0, 0, 0, 0);
-  const uint8_t* seq_tiles =
-      tiles + (size_t(bc.b) * a.kv_heads + bc.kv_head) * size_t(max_tiles) * L::kTileBytes +
-      16 * lane;
+  const uint8_t* seq_tiles = sequence_tiles(a, tiles, bc, max_tiles) + 16 * lane;
   TileRegs buf[2];
   const int first = blockIdx.x * a.tiles_per_split + warp;
   if (first < min((blockIdx.x + 1) * a.tiles_per_split, max_tiles)) {
     load_tile_keys(buf[0], seq_tiles + size_t(first) * L::kTileBytes, lane);
     load_tile_values(buf[0], seq_tiles + size_t(first) * L::kTileBytes);
   }
-  // Long splits: the split's first kPrefetchTiles tiles also go to L2 (bulk prefetch, 12
-  // tiles per lane of warp 0), so HBM is busy while the prologue runs and the first steps hit
-  // L2 (measured: from tile 0, not from the second round, is faster).
-  if (warp == 0 && a.tiles_per_split >= kPrefetchFrom) {
-    const int begin = blockIdx.x * a.tiles_per_split;
-    const int end = min(min(begin + a.tiles_per_split, max_tiles), begin + kPrefetchTiles);
-    const int t = begin + 12 * lane;
-    if (t < end) {
-      const uint8_t* p = seq_tiles - 16 * lane + size_t(t) * L::kTileBytes;
-      const uint32_t bytes = uint32_t(min(t + 12, end) - t) * L::kTileBytes;
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-    }
+  if (!kProgrammatic) {
+    prefetch_split_start(a, seq_tiles - 16 * lane, max_tiles, warp, lane);
+    // The tables do not depend on the length: filled while it and the query are on their way
+    // (measured: -0.5 to -1%).
+    fill_tables(smem + table_offset, codec, warp, lane);
   }
   set_block_limits(a, len, c, bc);
   if (bc.tile_begin >= bc.tile_end) return;  // split past this sequence's end (whole block)
-
-  char* tables = smem + table_offset;
-  fill_tables(tables, codec, warp, lane);
   // R q = H (s ⊙ q) * scale, one warp per query row, written directly as the score MMA's B
   // operands with scale * log2 e folded in (the scores then need only the key norm):
   // frag[kk][4g + c] holds dims 32c + 4kk .. + 3 of row g, and lane l of warp g holds dims
@@ -299,6 +321,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 1)
     }
   }
   stamp(a, kStampLoop);
+  let_next_kernel_start();  // a PDL-launched successor may now take SMs as blocks finish
   write_block_partial<kBlockWarps>(st, reinterpret_cast<float*>(smem), a, bc, warp, g, c);
   stamp(a, kStampPartial);
   finish_row_group<kBlockWarps>(a, bc, warp, lane);
@@ -309,14 +332,17 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 1)
 void launch_tq_attention(const AttentionArgs& args, const TQKernelCodec& codec,
                          const uint8_t* tiles, int max_tiles, int batch, cudaStream_t stream) {
   static const bool configured = [] {
-    TURBOKV_CUDA_CHECK(cudaFuncSetAttribute(
-        tq_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    for (auto kernel : {tq_attention_kernel<false>, tq_attention_kernel<true>}) {
+      TURBOKV_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    }
     return true;
   }();
   (void)configured;
   const dim3 grid(args.splits, args.kv_heads * args.row_groups, batch);
-  tq_attention_kernel<<<grid, kBlockWarps * 32, kSmemBytes, stream>>>(args, codec, tiles,
-                                                                      max_tiles);
+  launch_attention_kernel(args.programmatic ? tq_attention_kernel<true> : tq_attention_kernel<false>,
+                          grid, kBlockWarps * 32, kSmemBytes, stream, args, codec, tiles,
+                          max_tiles);
 }
 
 }  // namespace turbokv::cuda::attn
