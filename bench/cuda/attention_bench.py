@@ -177,7 +177,8 @@ def run_case(lib, batch, ctx, variants=(), seed=0):
 
     # Other builds of our library (--variant): the same TurboQuant call on the same data.
     variant_out = {name: torch.empty_like(out_tq) for name, _ in variants}
-    variant_graphs = {name: (vlib, tq_graph(vlib, variant_out[name], 0))
+    variant_graphs = {name: (vlib, tq_graph(vlib, variant_out[name], 0),
+                             tq_graph(vlib, torch.empty_like(out_tq), 1))
                       for name, vlib in variants}
 
     def sdpa(i):
@@ -186,14 +187,16 @@ def run_case(lib, batch, ctx, variants=(), seed=0):
     timers = {"tq": lib_graph_timer(lib, tq, "tq attention"),
               "tq_pdl": lib_graph_timer(lib, tq_pdl, "tq attention (PDL)"),
               "dense": lib_graph_timer(lib, dense, "dense attention"), "sdpa": sdpa_timer}
-    for name, (vlib, handle) in variant_graphs.items():
+    for name, (vlib, handle, pdl_handle) in variant_graphs.items():
         timers["variant " + name] = lib_graph_timer(vlib, handle, name)
+        timers["variant pdl " + name] = lib_graph_timer(vlib, pdl_handle, name + " (PDL)")
     us = time_interleaved(timers)
     lib.tkv_graph_free(tq)
     lib.tkv_graph_free(tq_pdl)
     lib.tkv_graph_free(dense)
-    for vlib, handle in variant_graphs.values():
+    for vlib, handle, pdl_handle in variant_graphs.values():
         vlib.tkv_graph_free(handle)
+        vlib.tkv_graph_free(pdl_handle)
     del sdpa_graph
     tq_us, dense_us, sdpa_us = us["tq"], us["dense"], us["sdpa"]
 
@@ -208,8 +211,8 @@ def run_case(lib, batch, ctx, variants=(), seed=0):
     del k, v, tiles
     torch.cuda.empty_cache()
     tokens = batch * KV_HEADS * ctx
-    variant_rows = [(name, us["variant " + name], (variant_out[name] - out_tq).abs().max().item())
-                    for name, _ in variants]
+    variant_rows = [(name, us["variant " + name], us["variant pdl " + name],
+                     (variant_out[name] - out_tq).abs().max().item()) for name, _ in variants]
     return dict(batch=batch, ctx=ctx, sdpa_us=sdpa_us, dense_us=dense_us, tq_us=tq_us,
                 tq_pdl_us=us["tq_pdl"],
                 variants=variant_rows,
@@ -281,7 +284,8 @@ def main():
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=LIB",
                         help="also time the TurboQuant call of another build of the library on "
                              "the same data, interleaved with the others (repeatable); prints "
-                             "its us, speedup over SDPA and max |out - out_lib|")
+                             "its us, speedup over SDPA and max |out - out_lib|, plain and with "
+                             "PDL")
     args = parser.parse_args()
     lib = load_lib(args.lib)
     variants = [(v.split("=", 1)[0], load_lib(v.split("=", 1)[1])) for v in args.variant]
@@ -314,9 +318,11 @@ def main():
               f"{r['sdpa_us'] / r['tq_pdl_us']:>7.2f}x {r['sdpa_gbps']:>9.0f} {r['tq_gbps']:>8.0f} "
               f"{100 * r['tq_gbps'] / bw:>7.0f}% {r['dense_rel_err']:>9.1e} {r['tq_min_cos']:>7.4f}",
               flush=True)
-        for name, v_us, diff in r["variants"]:
+        for name, v_us, v_pdl_us, diff in r["variants"]:
             print(f"#   variant {name:>12} {v_us:9.1f} us  {r['sdpa_us'] / v_us:5.2f}x vs sdpa  "
-                  f"{v_us / r['tq_us']:6.3f} of tq35  max|diff| {diff:.1e}", flush=True)
+                  f"{v_us / r['tq_us']:6.3f} of tq35  max|diff| {diff:.1e} | PDL {v_pdl_us:.1f} us "
+                  f"{r['sdpa_us'] / v_pdl_us:5.2f}x {v_pdl_us / r['tq_pdl_us']:6.3f} of pdl",
+                  flush=True)
 
 
 if __name__ == "__main__":
