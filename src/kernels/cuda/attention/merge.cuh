@@ -1,7 +1,7 @@
 // Merge step of split-K attention, done inside the attention kernel (no second launch): every
 // split writes its partial (state.cuh's write_block_partial, self-validating words), and the
-// block of split 0 of a row group merges them as they arrive: one warp per query row polls the
-// splits' partials until every word is written, adds them with log-sum-exp weights, divides by
+// block of split 0 of a row group merges them: one warp per query row polls the splits'
+// partials until every word is written, adds them with log-sum-exp weights, divides by
 // the softmax sum and, for TurboQuant, takes the row back from the values' rotated frame with
 // one inverse Hadamard rotation (state.cuh's hadamard_row). It then zeroes what it read, so the
 // workspace is all zero again for the next call.
