@@ -163,9 +163,10 @@ double tkv_tq_timeline(const uint8_t* tiles, int max_tiles, const int* seq_lens,
 }
 
 // Timing: tkv_tq_graph / tkv_dense_graph capture `calls` attention calls (kernel + merge each;
-// tkv_tq_graph: with programmatic dependent launch when `programmatic`) in one CUDA graph, cycling over `copies` cache copies (so the data is read from HBM, not
-// from L2 as it would be by repeating one small cache), and return a handle (nullptr on
-// error); tkv_graph_us replays it once and returns µs per call; tkv_graph_free releases it.
+// tkv_tq_graph: with programmatic dependent launch when `programmatic`) in one CUDA graph,
+// cycling over `copies` cache copies (so the data is read from HBM, not from L2 as it would be
+// by repeating one small cache), and return a handle (nullptr on error); tkv_graph_us replays
+// it once and returns µs per call; tkv_graph_free releases it.
 // tiles: `copies` caches of copy_bytes each; k, v: `copies` caches [batch, kv_heads,
 // capacity, 128] fp16 of copy_elems each; out [batch, 1, n_heads, 128] fp32.
 void* tkv_tq_graph(const uint8_t* tiles, int max_tiles, int copies, size_t copy_bytes,

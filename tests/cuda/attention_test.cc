@@ -44,22 +44,30 @@ int max_len(const Case& c) {
   return *std::max_element(c.lens.begin(), c.lens.end());
 }
 
+// Queries of the programmatic-launch calls: call i uses q * kPdlQueryScale[i], so that a call
+// that read another call's partials would give a wrong result.
+constexpr float kPdlQueryScale[3] = {1.0f, 1.5f, 0.5f};
+
 // Runs `attend(problem, workspace, bytes, stream)` twice on one workspace, the output poisoned
 // with NaN before each; returns the second output. The workspace must be all zero after each
 // call (what the next call, of any shape, relies on). programmatic: instead, three calls with
-// programmatic dependent launch queued back to back on one stream (each may start while the
-// one before finishes, on the same workspace and output).
+// programmatic dependent launch queued back to back on one stream and one workspace (each may
+// start while the one before finishes), with queries scaled by kPdlQueryScale and outputs of
+// their own; returns the three outputs one after another.
 template <typename Attend>
 std::vector<float> run_attention(const Case& c, const std::vector<float>& q, float scale,
                                  CacheKind kind, Attend attend, bool programmatic = false) {
-  auto d_q = DeviceBuffer<float>::upload(q);
+  const int calls = programmatic ? 3 : 1;
+  std::vector<float> queries;
+  for (int i = 0; i < calls; ++i) {
+    for (float x : q) queries.push_back(programmatic ? x * kPdlQueryScale[i] : x);
+  }
+  auto d_q = DeviceBuffer<float>::upload(queries);
   auto d_lens = DeviceBuffer<int>::upload(c.lens);
-  DeviceBuffer<float> d_out(q.size());
+  DeviceBuffer<float> d_out(queries.size());
   TURBOKV_CUDA_CHECK(cudaMemset(d_out.data(), 0xff, d_out.bytes()));  // NaN
   AttentionProblem p;
-  p.q = d_q.data();
   p.seq_lens = d_lens.data();
-  p.out = d_out.data();
   p.batch = int(c.lens.size());
   p.n_q = c.n_q;
   p.n_heads = c.n_heads;
@@ -67,10 +75,15 @@ std::vector<float> run_attention(const Case& c, const std::vector<float>& q, flo
   p.max_len = max_len(c);
   p.scale = scale;
   p.programmatic_launch = programmatic;
+  auto call = [&](int i, cudaStream_t stream, void* ws, size_t bytes) {
+    AttentionProblem pi = p;
+    pi.q = d_q.data() + i * q.size();
+    pi.out = d_out.data() + i * q.size();
+    attend(pi, ws, bytes, stream);
+  };
   const size_t bytes = attention_workspace_bytes(p, kind);
   DeviceBuffer<uint8_t> workspace(bytes);
   workspace.zero();
-  // Twice with one workspace: the first call must leave it ready for the next.
   auto expect_zero_workspace = [&] {
     const std::vector<uint8_t> w = workspace.download();
     EXPECT_EQ(size_t(std::count(w.begin(), w.end(), uint8_t(0))), w.size())
@@ -79,19 +92,36 @@ std::vector<float> run_attention(const Case& c, const std::vector<float>& q, flo
   if (programmatic) {
     cudaStream_t stream;
     TURBOKV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    for (int i = 0; i < 3; ++i) attend(p, workspace.data(), bytes, stream);
+    for (int i = 0; i < calls; ++i) call(i, stream, workspace.data(), bytes);
     TURBOKV_CUDA_CHECK(cudaStreamSynchronize(stream));
     TURBOKV_CUDA_CHECK(cudaStreamDestroy(stream));
     expect_zero_workspace();
     return d_out.download();
   }
-  attend(p, workspace.data(), bytes, nullptr);
+  // Twice with one workspace: the first call must leave it ready for the next.
+  call(0, nullptr, workspace.data(), bytes);
   expect_zero_workspace();
   TURBOKV_CUDA_CHECK(cudaMemset(d_out.data(), 0xff, d_out.bytes()));
-  attend(p, workspace.data(), bytes, nullptr);
+  call(0, nullptr, workspace.data(), bytes);
   TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
   expect_zero_workspace();
   return d_out.download();
+}
+
+// Max row relative error of run_attention's output(s) against reference(q) (of each call's
+// queries when programmatic).
+template <typename Reference>
+double max_error(const std::vector<float>& out, const std::vector<float>& q, bool programmatic,
+                 Reference reference) {
+  double err = 0;
+  const int calls = programmatic ? 3 : 1;
+  for (int i = 0; i < calls; ++i) {
+    std::vector<float> qi = q;
+    for (float& x : qi) x *= programmatic ? kPdlQueryScale[i] : 1.0f;
+    const std::vector<float> part(out.begin() + i * q.size(), out.begin() + (i + 1) * q.size());
+    err = std::max(err, testing::max_row_relative_error(part, reference(qi), kD));
+  }
+  return err;
 }
 
 class CudaAttention : public CudaTest {};
@@ -136,8 +166,6 @@ void check_turboquant(const Case& c, uint64_t seed, bool programmatic = false) {
       return &x[((size_t(b) * cap + t) * c.kv_heads + h) * kD];
     };
   };
-  const std::vector<float> ref = testing::reference_attention(
-      q, c.lens, c.n_q, c.n_heads, c.kv_heads, kD, scale, at(k_hat), at(v_hat));
   const std::vector<float> out =
       run_attention(
           c, q, scale, CacheKind::kTurboQuant,
@@ -145,7 +173,10 @@ void check_turboquant(const Case& c, uint64_t seed, bool programmatic = false) {
             tq_attention(codec.kernel_codec(), {tiles.data(), max_tiles}, p, ws, bytes, stream);
           },
           programmatic);
-  const double err = testing::max_row_relative_error(out, ref, kD);
+  const double err = max_error(out, q, programmatic, [&](const std::vector<float>& qi) {
+    return testing::reference_attention(qi, c.lens, c.n_q, c.n_heads, c.kv_heads, kD, scale,
+                                        at(k_hat), at(v_hat));
+  });
   std::printf("  turboquant max row relative error %.2e\n", err);
   EXPECT_LT(err, 4e-3);  // fp16 query, centroids and probabilities
 }
@@ -182,8 +213,6 @@ void check_dense(const Case& c, uint64_t seed, bool programmatic = false) {
       return &x[((size_t(b) * c.kv_heads + h) * cap + t) * kD];
     };
   };
-  const std::vector<float> ref = testing::reference_attention(q, c.lens, c.n_q, c.n_heads,
-                                                              c.kv_heads, kD, scale, at(k), at(v));
   const DenseCacheView cache{reinterpret_cast<const __half*>(d_k.data()),
                              reinterpret_cast<const __half*>(d_v.data()), cap};
   const std::vector<float> out = run_attention(
@@ -192,7 +221,10 @@ void check_dense(const Case& c, uint64_t seed, bool programmatic = false) {
         dense_attention(cache, p, ws, bytes, stream);
       },
       programmatic);
-  const double err = testing::max_row_relative_error(out, ref, kD);
+  const double err = max_error(out, q, programmatic, [&](const std::vector<float>& qi) {
+    return testing::reference_attention(qi, c.lens, c.n_q, c.n_heads, c.kv_heads, kD, scale,
+                                        at(k), at(v));
+  });
   std::printf("  dense max row relative error %.2e\n", err);
   EXPECT_LT(err, 3e-3);  // fp16 query and P
 }
@@ -213,7 +245,8 @@ TEST_F(CudaAttention, TurboQuantPrefillOverQuantizedCacheIsCausal) {
 }
 
 // Calls with programmatic dependent launch overlap the one before them on the stream; they
-// must still wait for it before reading anything it writes (the shared workspace, the output).
+// must still wait for it before reading anything it writes (the shared workspace). Each call
+// has other queries and its own output (run_attention).
 TEST_F(CudaAttention, ProgrammaticLaunchBackToBackMatchesReference) {
   check_turboquant({{20000, 9000}, 1, 32, 8}, 130, true);
   check_turboquant({{1, 77, 1000, 32}, 1, 32, 8}, 131, true);

@@ -103,7 +103,7 @@ __device__ __forceinline__ void merge_row(const AttentionArgs& a, int b, int kv_
 }
 
 // After write_block_partial: split 0's block merges its row group (warp w takes rows w,
-// w + kNumWarps, ... of the group) as the other splits' partials arrive; the others are done.
+// w + kNumWarps, ... of the group) once the other splits' partials are in; the others are done.
 template <int kNumWarps>
 __device__ __forceinline__ void finish_row_group(const AttentionArgs& a, const BlockCoords& bc,
                                                  int warp, int lane) {
