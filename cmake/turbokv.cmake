@@ -9,7 +9,7 @@ function(turbokv_avx2_sources)
 endfunction()
 
 # turbokv_add_subfolders(dir): add_subdirectory for every folder of dir that has a
-# CMakeLists.txt (tests/<area>/, bench/<area>/: an area joins once it has one).
+# CMakeLists.txt (tests/<area>/, bench/<area>/).
 function(turbokv_add_subfolders dir)
   file(GLOB folders LIST_DIRECTORIES true "${dir}/*")
   foreach(folder ${folders})
@@ -20,27 +20,23 @@ function(turbokv_add_subfolders dir)
 endfunction()
 
 # turbokv_test(NAME name SOURCES a.cc b.cc DEPS lib1 lib2)
-# One GoogleTest executable; every TEST becomes a ctest entry. Tests find the repo through
-# TURBOKV_SOURCE_DIR and the optional ../shared through TURBOKV_SHARED_DIR (may not exist).
+# One GoogleTest executable; every TEST becomes a ctest entry. Tests find the repo (and its
+# fixtures under tests/fixtures) through TURBOKV_SOURCE_DIR.
 function(turbokv_test)
   cmake_parse_arguments(T "" "NAME" "SOURCES;DEPS" ${ARGN})
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main)
   target_include_directories(${T_NAME} PRIVATE ${CMAKE_SOURCE_DIR})
-  target_compile_definitions(${T_NAME} PRIVATE TURBOKV_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
-                             TURBOKV_SHARED_DIR="${CMAKE_SOURCE_DIR}/../shared")
+  target_compile_definitions(${T_NAME} PRIVATE TURBOKV_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
   gtest_discover_tests(${T_NAME} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 600)
 endfunction()
 
 # turbokv_cli_pytest(NAME name SCRIPT test_x.py)
 # A pytest file that drives the built `turbokv` binary, run with Debian's /usr/bin/python3
 # (which has pytest); it finds the repo through TURBOKV_SOURCE_DIR and the binary through
-# TURBOKV_BINARY. Nothing is added when the CLI is not part of the build.
+# TURBOKV_BINARY.
 function(turbokv_cli_pytest)
   cmake_parse_arguments(T "" "NAME;SCRIPT" "" ${ARGN})
-  if(NOT TARGET turbokv)
-    return()
-  endif()
   add_test(NAME ${T_NAME}
            COMMAND /usr/bin/python3 -m pytest -q -p no:cacheprovider
                    ${CMAKE_CURRENT_SOURCE_DIR}/${T_SCRIPT})

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "core/cpu.h"
+#include "core/rng.h"
 #include "core/threads.h"
 #include "quant/codec_mse.h"
-#include "quant/rng.h"
 
 using namespace turbokv;
 using namespace turbokv::quant;

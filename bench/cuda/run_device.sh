@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (the device tool), from the repo root: the CUDA tests,
+# Runs on a machine with an NVIDIA GPU, from the repo root: the CUDA tests,
 # compute-sanitizer memcheck on the test binary, the attention benchmark, per-block timelines
 # of single calls, and an ncu profile of the TurboQuant kernel at batch 1, 128k. Logs go to
 # OUT_DIR; the benchmark table also to bench/results/<date>-<gpu>-attention.txt. Every step

@@ -1,7 +1,7 @@
 // Public C++ API for text generation: load a model directory (weights + tokenizer), then
 // generate or stream text. One Engine serves many concurrent requests: a single engine thread
 // batches every active sequence into each forward pass (continuous batching), and each request
-// may choose its own KV-cache options (DESIGN §2 selection rules, resolve_kv_options).
+// may choose its own KV-cache options (resolve_kv_options in turbokv/kv_options.h).
 //
 //   auto engine = turbokv::Engine::load("models/tinycode-llama");
 //   turbokv::GenerateOptions opt;
@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
+#include "turbokv/error.h"
 #include "turbokv/kv_options.h"
 
 namespace turbokv {
@@ -106,7 +106,7 @@ class GenerationStream {
 struct EngineOptions {
   KVOptions kv;                // default KV options of every request (dense unless kv_bits)
   int max_sequences = 16;      // sequences decoded together; more requests wait in a queue
-  int max_waiting = 256;       // queued requests beyond that are refused (InvalidArgument)
+  int max_waiting = 256;       // queued requests beyond that are refused (Overloaded)
   int prefill_chunk = 256;     // prompt tokens per sequence per forward pass
   int max_batch_tokens = 512;  // tokens per forward pass (decode tokens first, then prefill)
 };
@@ -148,6 +148,8 @@ class Engine {
 
   virtual const ModelSummary& summary() const = 0;
   virtual const EngineOptions& options() const = 0;
+  // options().kv after the selection rules: what a request without its own KV options gets.
+  virtual const ResolvedKV& default_kv() const = 0;
 
   virtual std::vector<int32_t> encode(const std::string& text,
                                       bool add_special_tokens = true) const = 0;
@@ -158,8 +160,8 @@ class Engine {
   // End-of-turn tokens of chat templates (<|im_end|>, <|eot_id|>, ...) this tokenizer has.
   virtual std::vector<int32_t> chat_stop_token_ids() const = 0;
 
-  // Queues a request. Throws InvalidArgument for invalid options, an empty prompt, a prompt that
-  // does not fit the context, or a full queue.
+  // Queues a request. Throws InvalidArgument for invalid options, an empty prompt or a prompt
+  // that does not fit the context, and Overloaded when the queue is full.
   virtual std::unique_ptr<GenerationStream> submit(std::vector<int32_t> prompt_tokens,
                                                    const GenerateOptions& options) = 0;
 

@@ -1,5 +1,6 @@
 // KV-cache options as users give them (mirrors mlx-vlm: kv_bits, kv_quant_scheme, ...) and
-// the resolved choice the cache policy acts on. Selection rules: DESIGN.md §2.
+// the resolved choice the cache policy acts on. The selection rules (docs/design.md, "Choosing
+// the KV scheme") are applied once per request by the engine.
 #pragma once
 
 #include <cstdint>
@@ -12,15 +13,15 @@ enum class KVScheme { kDense, kUniform, kTurboQuant };
 const char* kv_scheme_name(KVScheme scheme);  // "dense", "uniform", "turboquant"
 
 struct KVOptions {
-  std::optional<double> kv_bits;                // none -> dense cache
-  std::string kv_quant_scheme = "uniform";      // "uniform" | "turboquant"
-  std::optional<double> kv_key_bits;           // overrides the key bits (TurboQuant)
-  std::optional<double> kv_value_bits;         // overrides the value bits (TurboQuant)
-  int kv_group_size = 64;                       // uniform scheme: 32, 64 or 128
-  int64_t quantized_kv_start = 0;               // stay dense until a layer holds this many tokens
-  uint64_t seed = 0;                            // rotation / QJL seed
-  bool norm_correction = true;                  // TurboQuant: store n / ||c||
-  bool last_layer_dense = true;                 // keep the most sensitive layer exact
+  std::optional<double> kv_bits;            // none -> dense cache
+  std::string kv_quant_scheme = "uniform";  // "uniform" | "turboquant"
+  std::optional<double> kv_key_bits;        // overrides the key bits (TurboQuant)
+  std::optional<double> kv_value_bits;      // overrides the value bits (TurboQuant)
+  int kv_group_size = 64;                   // uniform scheme: 32, 64 or 128
+  int64_t quantized_kv_start = 0;           // stay dense until a layer holds this many tokens
+  uint64_t seed = 0;                        // rotation / QJL seed
+  bool norm_correction = true;              // TurboQuant: store n / ||c||
+  bool last_layer_dense = true;             // keep the most sensitive layer exact
 };
 
 struct ResolvedKV {
@@ -33,11 +34,5 @@ struct ResolvedKV {
   bool norm_correction = true;
   bool last_layer_dense = true;
 };
-
-// Applies the DESIGN §2 rules. Throws InvalidArgument naming the bad value and what is allowed.
-ResolvedKV resolve_kv_options(const KVOptions& options);
-
-// Parses a user-written bit width ("3.5", "4"); throws InvalidArgument for "abc", "", "3.5x".
-double parse_kv_bits(const std::string& text, const char* what = "kv_bits");
 
 }  // namespace turbokv

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "kv/cache_policy.h"
+#include "kv/kv_resolve.h"
 #include "model/model.h"
 
 namespace turbokv::cli {

@@ -1,6 +1,7 @@
 // `turbokv codec`: codec quality numbers. Synthetic mode (--dim, --bits, --mode): distortion
 // and inner-product statistics on random unit vectors. --qkv-dump mode: attention fidelity of
-// the KV scheme given by the kv flags on real post-RoPE q/k/v tensors. JSON keys: DESIGN §4.
+// the KV scheme given by the kv flags on real post-RoPE q/k/v tensors. JSON keys: docs/design.md,
+// "Contracts".
 #include <unistd.h>
 
 #include <cmath>
@@ -13,7 +14,8 @@
 #include "cli/command.h"
 #include "core/error.h"
 #include "core/safetensors.h"
-#include "quant/codec_eval.h"
+#include "eval/codec_eval.h"
+#include "kv/kv_resolve.h"
 
 namespace turbokv::cli {
 namespace {
@@ -30,7 +32,7 @@ std::vector<double> parse_bits_list(const std::string& text) {
 int run_synthetic(int dim, const std::string& bits_text, const std::string& mode, int64_t samples,
                   uint64_t seed, bool json) {
   const std::vector<double> bits_list = parse_bits_list(bits_text);
-  for (double bits : bits_list) quant::check_codec_mode_bits(mode, bits);
+  for (double bits : bits_list) eval::check_codec_mode_bits(mode, bits);
   if (samples < 1) throw InvalidArgument(str_cat("--samples ", samples, " is invalid: need >= 1"));
   nlohmann::json results = nlohmann::json::array();
   if (!json) {
@@ -41,7 +43,7 @@ int run_synthetic(int dim, const std::string& bits_text, const std::string& mode
   }
   for (double bits : bits_list) {
     if (isatty(2)) std::fprintf(stderr, "bits %g...\r", bits);
-    const quant::CodecStats s = quant::measure_codec(dim, bits, mode, samples, 4, seed);
+    const eval::CodecStats s = eval::measure_codec(dim, bits, mode, samples, 4, seed);
     nlohmann::json entry = {{"bits", s.bits},
                             {"mode", s.mode},
                             {"mse", s.mse},
@@ -93,9 +95,9 @@ int run_qkv_dump(const std::string& path, const KVOptions& options, bool json) {
     const std::vector<float> q = SafetensorsFile::to_f32(qt);
     const std::vector<float> k = SafetensorsFile::to_f32(kt);
     const std::vector<float> v = SafetensorsFile::to_f32(vt);
-    quant::LayerFidelity f =
-        quant::attention_fidelity(q.data(), k.data(), v.data(), int(qt.shape[0]), int(kt.shape[0]),
-                                  int(kt.shape[1]), int(kt.shape[2]), kv);
+    eval::LayerFidelity f =
+        eval::attention_fidelity(q.data(), k.data(), v.data(), int(qt.shape[0]), int(kt.shape[0]),
+                                 int(kt.shape[1]), int(kt.shape[2]), kv);
     f.layer = layer;
     layers.push_back(
         {{"layer", layer}, {"attn_cosine", f.attn_cosine}, {"attn_rel_l2", f.attn_rel_l2}});

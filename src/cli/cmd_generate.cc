@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/engine_flags.h"
+#include "kv/kv_resolve.h"
 
 namespace turbokv::cli {
 namespace {
@@ -54,7 +55,7 @@ int compare_with_dense(Engine& engine, const GenerateFlags& f) {
   if (o.sampling.temperature != 0) {
     throw InvalidArgument("--compare-dense compares greedy outputs: use --temperature 0");
   }
-  if (resolve_kv_options(engine.options().kv).scheme == KVScheme::kDense) {
+  if (engine.default_kv().scheme == KVScheme::kDense) {
     throw InvalidArgument("--compare-dense needs a quantized KV cache, e.g. --kv-bits 3.5");
   }
   o.ignore_eos = true;  // both runs produce exactly max_tokens tokens

@@ -1,5 +1,6 @@
-// `turbokv perplexity`: perplexity of a model on a text file (DESIGN §4), and with a KV scheme
-// the quality of the quantized cache against the dense one on the same tokens in one run.
+// `turbokv perplexity`: perplexity of a model on a text file (docs/design.md, "Contracts"), and
+// with a KV scheme the quality of the quantized cache against the dense one on the same tokens in
+// one run.
 #include <unistd.h>
 
 #include <chrono>
@@ -10,7 +11,8 @@
 #include "core/error.h"
 #include "core/text_file.h"
 #include "core/threads.h"
-#include "model/perplexity.h"
+#include "eval/perplexity.h"
+#include "kv/kv_resolve.h"
 #include "tokenizer/tokenizer.h"
 
 namespace turbokv::cli {
@@ -35,10 +37,7 @@ int perplexity_main(int argc, char** argv) {
   kv.add_to(app);
   if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
 
-  const KVOptions kv_options = kv.options();
-  if (kv_options.kv_bits || kv_options.kv_key_bits || kv_options.kv_value_bits) {
-    options.kv = kv_options;
-  }
+  options.kv = resolve_kv_options(kv.options());
   if (threads < 0) throw InvalidArgument(str_cat("--threads ", threads, " must be >= 0"));
   set_num_threads(threads);
   const std::string text = read_file(file);

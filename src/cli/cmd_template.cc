@@ -5,7 +5,7 @@
 #include "cli/command.h"
 #include "core/error.h"
 #include "core/text_file.h"
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace turbokv::cli {

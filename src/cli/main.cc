@@ -7,6 +7,7 @@
 
 #include "cli/command.h"
 #include "core/error.h"
+#include "kv/kv_resolve.h"
 
 namespace turbokv::cli {
 namespace {
@@ -49,7 +50,9 @@ int parse(CLI::App& app, int argc, char** argv) {
   return -1;
 }
 
-std::string default_model_dir() { return TURBOKV_DEFAULT_MODEL_DIR; }
+std::string default_model_dir() {
+  return TURBOKV_DEFAULT_MODEL_DIR;
+}
 
 void KVFlags::add_to(CLI::App& app) {
   app.add_option("--kv-bits", kv_bits,
@@ -78,8 +81,7 @@ KVOptions KVFlags::options() const {
   o.seed = kv_seed;
   o.norm_correction = !no_norm_correction;
   o.last_layer_dense = !quantize_last_layer;
-  resolve_kv_options(o);  // validate now: bad values are usage errors
-  return o;
+  return o;  // resolved (and validated) once by whoever runs it: an engine, perplexity, codec
 }
 
 }  // namespace turbokv::cli

@@ -1,39 +1,15 @@
-// Errors in three tiers (see STYLE.md):
-//  - user input / configuration  -> InvalidArgument (CLI exit 2, Python ValueError, HTTP 400)
-//  - malformed or missing files  -> FormatError / IoError (CLI exit 1)
-//  - valid but unsupported input -> Unsupported (CLI exit 1)
-//  - programmer bugs             -> TKV_DCHECK (debug builds only)
-// Every message names the bad value and, where it makes sense, what is allowed.
+// The error types (include/turbokv/error.h) plus the helpers every library uses to build their
+// messages. Programmer bugs are debug asserts (TKV_DCHECK), never user-facing errors.
 #pragma once
 
 #include <cassert>
 #include <sstream>
-#include <stdexcept>
 #include <string>
 #include <utility>
 
-namespace turbokv {
+#include "turbokv/error.h"
 
-class Error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-class InvalidArgument : public Error {
- public:
-  using Error::Error;
-};
-class FormatError : public Error {
- public:
-  using Error::Error;
-};
-class IoError : public Error {
- public:
-  using Error::Error;
-};
-class Unsupported : public Error {
- public:
-  using Error::Error;
-};
+namespace turbokv {
 
 // str_cat("bits ", 9, " is not in 1..8") -> "bits 9 is not in 1..8"
 template <typename... Args>

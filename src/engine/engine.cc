@@ -8,7 +8,8 @@
 
 #include "engine/scheduler.h"
 #include "kv/cache_policy.h"
-#include "tokenizer/chat_template.h"
+#include "kv/kv_resolve.h"
+#include "template/chat_template.h"
 
 namespace turbokv {
 
@@ -79,6 +80,7 @@ class EngineImpl : public Engine {
 
   const ModelSummary& summary() const override { return summary_; }
   const EngineOptions& options() const override { return options_; }
+  const ResolvedKV& default_kv() const override { return scheduler_->default_kv(); }
 
   std::vector<int32_t> encode(const std::string& text, bool add_special_tokens) const override {
     return tokenizer_->encode(text, add_special_tokens);

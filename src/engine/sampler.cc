@@ -12,21 +12,25 @@ namespace turbokv {
 
 void validate_sampling(const SamplingOptions& o) {
   if (!std::isfinite(o.temperature) || o.temperature < 0) {
-    throw InvalidArgument(str_cat("temperature=", o.temperature, " must be a number >= 0"));
+    throw InvalidArgument(str_cat("temperature=", o.temperature, " must be a number >= 0"),
+                          "temperature");
   }
-  if (o.top_k < 0) throw InvalidArgument(str_cat("top_k=", o.top_k, " must be >= 0 (0: off)"));
+  if (o.top_k < 0)
+    throw InvalidArgument(str_cat("top_k=", o.top_k, " must be >= 0 (0: off)"), "top_k");
   if (!std::isfinite(o.top_p) || o.top_p <= 0 || o.top_p > 1) {
-    throw InvalidArgument(str_cat("top_p=", o.top_p, " must be in (0, 1]"));
+    throw InvalidArgument(str_cat("top_p=", o.top_p, " must be in (0, 1]"), "top_p");
   }
   if (!std::isfinite(o.min_p) || o.min_p < 0 || o.min_p > 1) {
-    throw InvalidArgument(str_cat("min_p=", o.min_p, " must be in [0, 1]"));
+    throw InvalidArgument(str_cat("min_p=", o.min_p, " must be in [0, 1]"), "min_p");
   }
   if (!std::isfinite(o.repetition_penalty) || o.repetition_penalty <= 0) {
     throw InvalidArgument(
-        str_cat("repetition_penalty=", o.repetition_penalty, " must be > 0 (1: off)"));
+        str_cat("repetition_penalty=", o.repetition_penalty, " must be > 0 (1: off)"),
+        "repetition_penalty");
   }
   if (o.repetition_context < 0) {
-    throw InvalidArgument(str_cat("repetition_context=", o.repetition_context, " must be >= 0"));
+    throw InvalidArgument(str_cat("repetition_context=", o.repetition_context, " must be >= 0"),
+                          "repetition_context");
   }
 }
 

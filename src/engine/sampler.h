@@ -7,7 +7,7 @@
 #include <span>
 #include <vector>
 
-#include "quant/rng.h"
+#include "core/rng.h"
 #include "turbokv/engine.h"
 
 namespace turbokv {
@@ -24,7 +24,7 @@ class Sampler {
 
  private:
   SamplingOptions options_;
-  quant::Xoshiro256 rng_;  // splitmix64-seeded xoshiro256**, as the codecs use
+  Xoshiro256 rng_;  // splitmix64-seeded xoshiro256**, as the codecs use
   std::vector<std::pair<float, int32_t>> candidates_;  // [vocab] (prob or logit, id)
 };
 

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "engine/sampler.h"
 #include "engine/stop_strings.h"
+#include "kv/kv_resolve.h"
 
 namespace turbokv {
 
@@ -116,6 +117,7 @@ Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, std::vector
       eos_ids_(std::move(eos_ids)),
       options_(options),
       make_caches_(std::move(make_caches)),
+      default_kv_(resolve_kv_options(options.kv)),
       layer_specs_(model.layer_specs()),
       context_length_(model.info().max_position_embeddings),
       vocab_size_(model.info().vocab_size) {
@@ -133,7 +135,6 @@ Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, std::vector
                                   " must exceed max_sequences=", options.max_sequences,
                                   " so prefill can progress while every sequence decodes"));
   }
-  resolve_kv_options(options.kv);
   if (context_length_ <= 0) context_length_ = INT64_MAX;
 }
 
@@ -168,12 +169,13 @@ std::unique_ptr<GenerationStream> Scheduler::submit(std::vector<int32_t> prompt,
   check_token_ids(prompt, "prompt");
   check_token_ids(options.forced_tokens, "forced_tokens");
   if (options.max_tokens < 1) {
-    throw InvalidArgument(str_cat("max_tokens=", options.max_tokens, " must be >= 1"));
+    throw InvalidArgument(str_cat("max_tokens=", options.max_tokens, " must be >= 1"),
+                          "max_tokens");
   }
   validate_sampling(options.sampling);
 
   auto req = std::make_shared<Request>();
-  req->kv = resolve_kv_options(options.kv.value_or(options_.kv));
+  req->kv = options.kv ? resolve_kv_options(*options.kv) : default_kv_;
   req->prompt = std::move(prompt);
   req->options = options;
   {

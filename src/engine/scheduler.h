@@ -48,6 +48,7 @@ class Scheduler {
                                            const GenerateOptions& options);
 
   EngineMetrics metrics() const;
+  const ResolvedKV& default_kv() const { return default_kv_; }
 
  private:
   void run();
@@ -63,6 +64,7 @@ class Scheduler {
   std::vector<int32_t> eos_ids_;
   EngineOptions options_;
   CacheFactory make_caches_;
+  ResolvedKV default_kv_;  // options_.kv, resolved once
   std::vector<LayerSpec> layer_specs_;
   int64_t context_length_;
   int vocab_size_;

@@ -1,6 +1,6 @@
-// Cache policy (DESIGN §2): sliding-window layers get a RotatingKVCache, the last layer stays
-// dense unless ResolvedKV::last_layer_dense is false, global layers get the resolved scheme,
-// behind a StagedKVCache when quantized_kv_start > 0.
+// Cache policy (docs/design.md, "TurboQuant"): sliding-window layers get a RotatingKVCache, the
+// last layer stays dense unless ResolvedKV::last_layer_dense is false, global layers get the
+// resolved scheme, behind a StagedKVCache when quantized_kv_start > 0.
 #include "kv/cache_policy.h"
 
 #include "core/error.h"

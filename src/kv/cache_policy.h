@@ -1,4 +1,4 @@
-// Cache policy (DESIGN §2 "Cache policy"): which cache type each layer gets.
+// Cache policy (docs/design.md, "Cache policy"): which cache type each layer gets.
 //  - sliding-window layers: RotatingKVCache, never quantized;
 //  - the last layer stays dense unless ResolvedKV::last_layer_dense is false;
 //  - other (global) layers: the scheme of ResolvedKV, dense until quantized_kv_start tokens.
@@ -12,7 +12,7 @@
 
 namespace turbokv {
 
-// Dense and rotating caches store f16 (DESIGN: "kv_bits = None -> dense fp16 cache").
+// Dense and rotating caches store f16 (kv_bits none -> a dense fp16 cache).
 LayerCaches make_layer_caches(const std::vector<LayerSpec>& layers, const ResolvedKV& kv);
 
 // Same, with the element type of the dense and rotating caches chosen by the caller (kF32 for

@@ -1,4 +1,4 @@
-// StagedKVCache: quantized_kv_start (DESIGN §2 "Cache policy"). Holds a DenseKVCache until it
+// StagedKVCache: quantized_kv_start (docs/design.md, "Cache policy"). Holds a DenseKVCache until it
 // has N tokens, then converts the whole history in one step (the convert function, e.g.
 // TurboQuantKVCache::convert_from) and forwards everything to the quantized cache after.
 #pragma once

@@ -1,5 +1,5 @@
-// TurboQuantKVCache (DESIGN §2): keys and values stored as TurboQuant codes (src/quant codecs)
-// plus fp16 norms; attention runs on the codes (kernels/cpu/attention_codes.h).
+// TurboQuantKVCache (docs/design.md, "TurboQuant"): keys and values stored as TurboQuant codes
+// (src/quant codecs) plus fp16 norms; attention runs on the codes (kernels/cpu/attention_codes.h).
 //  - integer bits: one MSE codec per tensor, shared by all KV heads;
 //  - k + 0.5 bits: a split codec per KV head, its channel order ranked by mean |x| over the
 //    first chunk the cache sees (kept as cache state and saved with it).

@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 
 #include "core/error.h"
+#include "kv/kv_resolve.h"
 #include "turbokv/engine.h"
 
 namespace py = pybind11;
@@ -91,8 +92,7 @@ KVOptions kv_options(KVOptions kv, const py::kwargs& kw) {
   if (auto g = get("kv_group_size"); !g.is_none()) kv.kv_group_size = g.cast<int>();
   if (auto s = get("quantized_kv_start"); !s.is_none()) kv.quantized_kv_start = s.cast<int64_t>();
   if (auto s = get("kv_seed"); !s.is_none()) kv.seed = s.cast<uint64_t>();
-  resolve_kv_options(kv);
-  return kv;
+  return kv;  // the engine resolves (and validates) it once per load or request
 }
 
 const char* const kKVArgs[] = {"kv_bits",         "kv_key_bits",   "kv_value_bits",
@@ -192,7 +192,7 @@ PYBIND11_MODULE(turbokv, m) {
       .def_property_readonly("context_length",
                              [](const PyModel& s) { return s.engine->summary().context_length; })
       .def_property_readonly("kv_scheme", [](const PyModel& s) {
-        return kv_scheme_name(resolve_kv_options(s.engine->options().kv).scheme);
+        return kv_scheme_name(s.engine->default_kv().scheme);
       });
 
   py::class_<Processor>(m, "Processor")

@@ -31,7 +31,7 @@ struct PackedFormat {
   static constexpr size_t kMseBytesPerVector = kCodeBytes + 2;
   static constexpr PackedLayout layout() { return PackedLayout{Dim, Bits}; }
 };
-// DESIGN §2: at head_dim 128, K3/V4 costs 50 + 66 = 116 bytes per token per KV head.
+// At head_dim 128, K3/V4 costs 50 + 66 = 116 bytes per token per KV head.
 static_assert(PackedFormat<128, 3>::kMseBytesPerVector + PackedFormat<128, 4>::kMseBytesPerVector ==
               116);
 

@@ -1,6 +1,6 @@
-// Lloyd-Max codebooks for one coordinate of a uniformly random unit vector in R^d (DESIGN §2):
-// density f(t) ∝ (1 - t²)^((d-3)/2) on [-1, 1]. One codebook per (d, b), computed once,
-// cached process-wide (thread-safe) and never freed.
+// Lloyd-Max codebooks for one coordinate of a uniformly random unit vector in R^d (docs/design.md,
+// "TurboQuant"): density f(t) ∝ (1 - t²)^((d-3)/2) on [-1, 1]. One codebook per (d, b), computed
+// once, cached process-wide (thread-safe) and never freed.
 #pragma once
 
 #include <vector>

@@ -30,10 +30,12 @@ void TurboQuantCodec::dequantize_batch(const uint8_t* codes, const uint16_t* nor
   });
 }
 
-void check_turboquant_bits(double bits) {
+void check_turboquant_bits(double bits, const char* what) {
   if (!(bits >= 1 && bits <= 8) || std::floor(bits * 2) != bits * 2) {
-    throw InvalidArgument(
-        str_cat("TurboQuant bits ", bits, " is invalid: allowed multiples of 0.5 in [1, 8]"));
+    throw InvalidArgument(str_cat(what, "=", bits,
+                                  " is not valid for TurboQuant: allowed are multiples of 0.5 "
+                                  "in [1, 8] (e.g. 2, 2.5, 3, 3.5, 4)"),
+                          what);
   }
 }
 

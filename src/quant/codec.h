@@ -3,9 +3,9 @@
 // packed codes (code_bytes() bytes) plus norms_per_vector() fp16 norms, kept in two arrays:
 //   codes [n, code_bytes()]   norms [n, norms_per_vector()] (fp16 bits)
 //
-// Attention runs on codes (DESIGN §2): rotate the query once (rotate_query, into the codec's
-// rotated frame of rotated_dim() floats), score() every key, accumulate() weighted values in
-// the rotated frame, unrotate() the sum once.
+// Attention runs on codes (docs/design.md, "TurboQuant"): rotate the query once (rotate_query, into
+// the codec's rotated frame of rotated_dim() floats), score() every key, accumulate() weighted
+// values in the rotated frame, unrotate() the sum once.
 #pragma once
 
 #include <cstddef>
@@ -85,7 +85,8 @@ struct TurboQuantConfig {
 // value (bits 0, 9, 2.25; dim < 2; a channel_order that is not a permutation).
 std::unique_ptr<TurboQuantCodec> make_turboquant_codec(const TurboQuantConfig& config);
 
-// Validates TurboQuant bits: multiple of 0.5 in [1, 8]. Throws InvalidArgument otherwise.
-void check_turboquant_bits(double bits);
+// Validates TurboQuant bits: multiple of 0.5 in [1, 8]. Throws InvalidArgument otherwise, naming
+// the value as `what` (also its param()).
+void check_turboquant_bits(double bits, const char* what = "bits");
 
 }  // namespace turbokv::quant

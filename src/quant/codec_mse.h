@@ -1,4 +1,5 @@
-// The TurboQuant MSE codec (DESIGN §2): x -> (fp16 norm, b-bit Lloyd-Max codes of R x/|x|).
+// The TurboQuant MSE codec (docs/design.md, "TurboQuant"): x -> (fp16 norm, b-bit Lloyd-Max codes
+// of R x/|x|).
 //
 // ===== Exact operation order of quantize() (scalar == AVX2 == CUDA, bit for bit) =====
 // All float32, every product rounded before it is added (no FMA; the build has

@@ -6,9 +6,9 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "core/rng.h"
 #include "core/threads.h"
 #include "quant/codec_mse.h"
-#include "quant/rng.h"
 
 namespace turbokv::quant {
 namespace {

@@ -1,5 +1,5 @@
-// The Prod (QJL) codec of DESIGN §2: an unbiased inner-product estimator, not the default
-// (higher variance than the MSE codec, which softmax amplifies).
+// The Prod (QJL) codec (docs/design.md, "TurboQuant"): an unbiased inner-product estimator, not the
+// default (higher variance than the MSE codec, which softmax amplifies).
 //
 // x -> n = ‖x‖, u = x / n, y = R u (as the MSE codec, codec_mse.h steps 1-3);
 // b-1 bit MSE codes ĉ of y (none for b = 1, ĉ = 0); residual in the rotated frame

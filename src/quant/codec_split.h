@@ -1,5 +1,5 @@
-// Split codec for k + 0.5 bits per element (DESIGN §2): a channel permutation puts the
-// round(d/2) "high" channels first; they are coded by an MSE codec at k+1 bits, the other
+// Split codec for k + 0.5 bits per element (docs/design.md, "TurboQuant"): a channel permutation
+// puts the round(d/2) "high" channels first; they are coded by an MSE codec at k+1 bits, the other
 // channels by an MSE codec at k bits, each with its own norm and rotation.
 // Record layout: codes = [high codes | low codes], norms = [high norm, low norm].
 // Rotated frame: [R_high q_high (high_dim) | R_low q_low (dim - high_dim)].

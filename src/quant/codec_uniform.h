@@ -1,4 +1,4 @@
-// Uniform affine group codec (DESIGN §2 "uniform scheme", the mlx-style baseline): each group
+// Uniform affine group codec (docs/design.md, "Uniform scheme"; the mlx-style baseline): each group
 // of group_size consecutive elements (the last group may be shorter) is stored as b-bit
 // integers q with an fp16 scale and min: x̂ = scale * q + min.
 //

@@ -7,7 +7,7 @@
 #include <tuple>
 
 #include "core/error.h"
-#include "quant/rng.h"
+#include "core/rng.h"
 
 namespace turbokv::quant {
 namespace {

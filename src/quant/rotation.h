@@ -1,4 +1,5 @@
-// Random orthogonal rotations R of R^d, deterministic from (seed, d, role) (DESIGN §2).
+// Random orthogonal rotations R of R^d, deterministic from (seed, d, role) (docs/design.md,
+// "TurboQuant").
 //  - d a power of two (>= 2): randomized Hadamard, R u = H_d (s ⊙ u) · (1/√d).
 //  - otherwise: dense Haar-random orthogonal matrix (Gram-Schmidt QR of a Gaussian matrix,
 //    which equals Householder QR with columns sign-fixed by sign(diag(R_qr))).

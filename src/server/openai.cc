@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "kv/kv_resolve.h"
+
 namespace turbokv::server {
 
 using nlohmann::json;
@@ -71,15 +73,10 @@ KVOptions parse_kv(const json& body, const KVOptions& server_kv) {
     if (auto b = get_bits(body, "kv_value_bits")) kv.kv_value_bits = b;
     if (auto g = get_int(body, "kv_group_size")) kv.kv_group_size = static_cast<int>(*g);
     if (auto s = get_int(body, "quantized_kv_start")) kv.quantized_kv_start = *s;
-    resolve_kv_options(kv);
   } catch (const InvalidArgument& e) {
-    // Messages start with the field they are about ("kv_quant_scheme='foo' is unknown ...").
-    const std::string message = e.what();
-    std::string param = message.substr(0, message.find_first_of("='"));
-    if (param.rfind("kv_", 0) != 0 && param != "quantized_kv_start") param = "kv_bits";
-    throw invalid(param, message);
+    throw invalid(e.param().empty() ? "kv_bits" : e.param(), e.what());
   }
-  return kv;
+  return kv;  // resolved (and validated) once, when the request is submitted
 }
 
 // Fields shared by both endpoints.

@@ -50,7 +50,9 @@ httplib::Server::Handler guarded(Fn fn) {
     } catch (const Overloaded& e) {
       send_error(res, 429, e.what(), "server_busy", std::nullopt, "overloaded");
     } catch (const InvalidArgument& e) {
-      send_error(res, 400, e.what(), "invalid_request_error", std::nullopt, "invalid_value");
+      std::optional<std::string> param;
+      if (!e.param().empty()) param = e.param();
+      send_error(res, 400, e.what(), "invalid_request_error", param, "invalid_value");
     } catch (const std::exception& e) {
       send_error(res, 500, e.what(), "server_error");
     }

@@ -5,8 +5,8 @@
 #include <queue>
 
 #include "core/error.h"
+#include "core/utf8.h"
 #include "tokenizer/pipeline.h"
-#include "tokenizer/utf8.h"
 
 namespace turbokv {
 

@@ -1,8 +1,8 @@
 // tokenizer.json decoders: ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence.
 // Each maps the token strings to new token strings (decode_chain); the tokenizer joins them.
 #include "core/error.h"
+#include "core/utf8.h"
 #include "tokenizer/pipeline.h"
-#include "tokenizer/utf8.h"
 
 namespace turbokv {
 namespace {

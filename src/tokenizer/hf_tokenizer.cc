@@ -5,7 +5,7 @@
 
 #include "core/error.h"
 #include "core/text_file.h"
-#include "tokenizer/utf8.h"
+#include "core/utf8.h"
 
 namespace turbokv {
 

@@ -2,9 +2,9 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/utf8.h"
 #include "tokenizer/pipeline.h"
 #include "tokenizer/regex.h"
-#include "tokenizer/utf8.h"
 
 namespace turbokv {
 namespace {

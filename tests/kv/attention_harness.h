@@ -1,7 +1,7 @@
-// The backend-consistency harness for attention (STYLE habit 2): a case declares shapes and
-// masks; every implementation runs it and is compared with the slow reference, norm-scaled
-// (max |got - expected| <= tol * ||expected row||), plus NaN/Inf checks and a canary after the
-// output buffer that catches writes past the end.
+// The backend-consistency harness for attention (docs/development.md, "Backend-consistency
+// harness"): a case declares shapes and masks; every implementation runs it and is compared with
+// the slow reference, norm-scaled (max |got - expected| <= tol * ||expected row||), plus NaN/Inf
+// checks and a canary after the output buffer that catches writes past the end.
 #pragma once
 
 #include <gtest/gtest.h>

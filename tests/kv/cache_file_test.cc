@@ -11,6 +11,7 @@
 #include "attention_harness.h"
 #include "core/error.h"
 #include "kv/cache_policy.h"
+#include "kv/kv_resolve.h"
 
 namespace turbokv {
 namespace {

@@ -7,6 +7,7 @@
 
 #include "attention_harness.h"
 #include "core/error.h"
+#include "kv/kv_resolve.h"
 #include "kv/staged_kv_cache.h"
 
 namespace turbokv {

@@ -1,5 +1,5 @@
-"""The `turbokv` CLI's generate and chat commands: --json fields and exact KV bytes, the DESIGN
-§2 selection errors as exit code 2, --compare-dense, and the chat REPL commands."""
+"""The `turbokv` CLI's generate and chat commands: --json fields and exact KV bytes, the
+KV selection errors as exit code 2, --compare-dense, and the chat REPL commands."""
 import json
 import os
 import subprocess
@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 BINARY = os.environ.get("TURBOKV_BINARY", "build/turbokv")
-# Per token per KV head (DESIGN §2): TurboQuant K3/V4 116 B, dense fp16 512 B. tinycode-llama has
+# Per token per KV head (docs/design.md, "TurboQuant"): TurboQuant K3/V4 116 B, dense fp16 512 B. tinycode-llama has
 # 6 layers (the last kept dense) and 2 KV heads.
 TQ35_BYTES_PER_TOKEN = 2 * (5 * 116 + 512)
 DENSE_BYTES_PER_TOKEN = 2 * 6 * 512

@@ -1,4 +1,4 @@
-"""The turbokv Python module on the shipped model: HF golden tokens, the DESIGN §2 KV selection
+"""The turbokv Python module on the shipped model: HF golden tokens, the KV selection
 rules and exact KV sizes, streaming, errors as Python exceptions, concurrent calls."""
 import json
 import os
@@ -15,7 +15,7 @@ ROOT = os.environ.get("TURBOKV_SOURCE_DIR",
 MODEL = os.path.join(ROOT, "models", "tinycode-llama")
 REFERENCE = os.path.join(ROOT, "tests", "fixtures", "tinycode-llama-reference.safetensors")
 # Per token per KV head: TurboQuant K3/V4 = (3*128 + 16 + 4*128 + 16) / 8 = 116 bytes,
-# dense fp16 K+V = 2*128*2 = 512 bytes (DESIGN §2, §6). tinycode-llama: 6 layers, 2 KV heads.
+# dense fp16 K+V = 2*128*2 = 512 bytes (docs/design.md, "TurboQuant"). tinycode-llama: 6 layers, 2 KV heads.
 LAYERS, KV_HEADS = 6, 2
 
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "quant/rng.h"
+#include "core/rng.h"
 
 namespace turbokv::quant {
 namespace {

@@ -1,5 +1,5 @@
-// Lloyd-Max codebooks against DESIGN §2's check values (computed independently of our code),
-// symmetry, monotonicity, and parameter validation.
+// Lloyd-Max codebooks against the check values of docs/design.md, "TurboQuant" (computed
+// independently of our code), symmetry, monotonicity, and parameter validation.
 #include "quant/codebook.h"
 
 #include <gtest/gtest.h>
@@ -13,7 +13,7 @@ namespace turbokv::quant {
 namespace {
 
 TEST(Codebook, MatchesDesignCheckValuesAtDim128) {
-  // Positive half, in units of 1/sqrt(d) (DESIGN §2, from a numpy prototype that stopped at
+  // Positive half, in units of 1/sqrt(d) (docs/design.md, from a numpy prototype that stopped at
   // ~1e-4 of the fixed point: its 4-digit values differ from the converged ones by up to 1e-4;
   // OptimalityConditionsHoldByBruteForceIntegration checks convergence independently).
   const std::vector<std::vector<double>> expected = {

@@ -1,4 +1,4 @@
-// MSE codec: distortion against DESIGN §2 by Monte Carlo, round trips, norm correction,
+// MSE codec: distortion against the paper's numbers by Monte Carlo, round trips, norm correction,
 // scalar vs AVX2 bit-identity, batch vs per-vector identity, attention primitives.
 #include "quant/codec_mse.h"
 

@@ -1,5 +1,5 @@
-// The bits -> codec factory (including invalid bits), the split codec for k + 0.5 bits, the
-// Prod (QJL) codec against DESIGN §2's bias/variance numbers, and the codec measurements.
+// The bits -> codec factory (including invalid bits), the split codec for k + 0.5 bits and the
+// Prod (QJL) codec's score.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,7 +8,6 @@
 
 #include "core/cpu.h"
 #include "core/error.h"
-#include "quant/codec_eval.h"
 #include "quant/codec_prod.h"
 #include "quant/codec_split.h"
 #include "test_util.h"
@@ -33,10 +32,10 @@ void expect_invalid(const TurboQuantConfig& config, const std::string& needle) {
 }
 
 TEST(CodecFactory, InvalidBitsAndDimsGiveInvalidArgumentWithMessage) {
-  expect_invalid(plain(128, 0), "bits 0");
-  expect_invalid(plain(128, 9), "bits 9");
-  expect_invalid(plain(128, 2.25), "bits 2.25");
-  expect_invalid(plain(128, 0.5), "bits 0.5");
+  expect_invalid(plain(128, 0), "bits=0 ");
+  expect_invalid(plain(128, 9), "bits=9 ");
+  expect_invalid(plain(128, 2.25), "bits=2.25 ");
+  expect_invalid(plain(128, 0.5), "bits=0.5 ");
   expect_invalid(plain(0, 3), "dimension 0");
   expect_invalid(plain(0, 3.5), "dimension 0");
   expect_invalid({8, 3.5, 0, TensorRole::kKey, true, {0, 1, 2}}, "3 entries");
@@ -163,18 +162,6 @@ TEST(CodecMulti, MultiQueryFormsEqualSingleQueryCalls) {
   }
 }
 
-TEST(ProdCodec, UnbiasedWithDesignVariance) {
-  // DESIGN §2: variance per unit |q|² ≈ 1.57/d, 0.56/d, 0.18/d for b = 1..3; for b = 4 the
-  // same formula, π/2 · E‖r‖², with E‖r‖² = the 3-bit MSE 0.0340 at d = 128 (DESIGN's 0.047
-  // uses the paper's high-d limit 0.03 instead).
-  const double expected[] = {1.57, 0.56, 0.18, 1.5708 * 0.0340};
-  for (int bits = 1; bits <= 4; ++bits) {
-    const CodecStats s = measure_codec(128, bits, "prod", 4000, 4, 17);
-    EXPECT_LT(std::abs(s.ip_bias), 0.02) << "bits " << bits;
-    EXPECT_NEAR(s.ip_var_times_d, expected[bits - 1], 0.1 * expected[bits - 1]) << "bits " << bits;
-  }
-}
-
 TEST(ProdCodec, ScoreEqualsInnerProductWithReconstruction) {
   const int d = 80;
   const ProdCodec codec({d, 3, 4});
@@ -195,35 +182,6 @@ TEST(ProdCodec, ScoreEqualsInnerProductWithReconstruction) {
   EXPECT_THROW(ProdCodec({d, 0}), InvalidArgument);
   EXPECT_THROW(ProdCodec({d, 9}), InvalidArgument);
   EXPECT_THROW(ProdCodec({0, 3}), InvalidArgument);
-}
-
-TEST(CodecEval, MseModeMatchesCodebookAndRejectsBadInput) {
-  const CodecStats s = measure_codec(64, 2, "mse", 2000, 1, 3);
-  EXPECT_NEAR(s.mse, lloyd_max_codebook(64, 2).unit_mse, 0.03 * s.mse);
-  EXPECT_THROW(measure_codec(64, 2, "fast", 10, 1, 0), InvalidArgument);
-  EXPECT_THROW(measure_codec(64, 2.5, "prod", 10, 1, 0), InvalidArgument);
-  EXPECT_THROW(measure_codec(64, 2, "mse", 0, 1, 0), InvalidArgument);
-}
-
-TEST(CodecEval, AttentionFidelityIsNearOneAtEightBitsAndNeedsAScheme) {
-  const int heads = 2, kv_heads = 1, tokens = 40, d = 64;
-  const std::vector<float> q = testing::gaussian_matrix(heads * tokens, d, 1);
-  const std::vector<float> k = testing::gaussian_matrix(kv_heads * tokens, d, 2);
-  const std::vector<float> v = testing::gaussian_matrix(kv_heads * tokens, d, 3);
-  ResolvedKV kv;
-  kv.scheme = KVScheme::kTurboQuant;
-  kv.key_bits = kv.value_bits = 8;
-  const LayerFidelity f =
-      attention_fidelity(q.data(), k.data(), v.data(), heads, kv_heads, tokens, d, kv);
-  EXPECT_GT(f.attn_cosine, 0.999);
-  EXPECT_LT(f.attn_rel_l2, 0.05);
-  kv.key_bits = kv.value_bits = 2;
-  const LayerFidelity low =
-      attention_fidelity(q.data(), k.data(), v.data(), heads, kv_heads, tokens, d, kv);
-  EXPECT_LT(low.attn_cosine, f.attn_cosine);
-  kv.scheme = KVScheme::kDense;
-  EXPECT_THROW(attention_fidelity(q.data(), k.data(), v.data(), heads, kv_heads, tokens, d, kv),
-               InvalidArgument);
 }
 
 }  // namespace

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "quant/rng.h"
+#include "core/rng.h"
 
 namespace turbokv::quant::testing {
 

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "kv/kv_resolve.h"
+
 namespace turbokv::server {
 namespace {
 
@@ -22,6 +24,19 @@ std::string bad_param(const json& body, const KVOptions& kv = {}) {
   } catch (const ApiError& e) {
     EXPECT_EQ(e.status, 400);
     return e.param.value_or("<none>");
+  }
+  return "";
+}
+
+// KV fields are checked when the request is submitted (the engine resolves them once); the
+// error names the field.
+std::string bad_kv_param(const json& body) {
+  try {
+    resolve_kv_options(*parse_chat_request(body, {}, {}).options.kv);
+  } catch (const ApiError& e) {
+    return e.param.value_or("<none>");
+  } catch (const InvalidArgument& e) {
+    return e.param();
   }
   return "";
 }
@@ -92,11 +107,13 @@ TEST(OpenAIRequest, MalformedFieldsName400Params) {
   EXPECT_EQ(bad_param(chat({{"messages", {{{"content", "x"}}}}})), "messages[0]");
   EXPECT_EQ(bad_param(chat({{"messages", {{{"role", "user"}, {"content", 5}}}}})),
             "messages[0].content");
-  EXPECT_EQ(bad_param(chat({{"kv_bits", 9}})), "kv_bits");
-  EXPECT_EQ(bad_param(chat({{"kv_bits", 0.3}})), "kv_bits");
-  EXPECT_EQ(bad_param(chat({{"kv_bits", 2.25}})), "kv_bits");
+  EXPECT_EQ(bad_kv_param(chat({{"kv_bits", 9}})), "kv_bits");
+  EXPECT_EQ(bad_kv_param(chat({{"kv_bits", 0.3}})), "kv_bits");
+  EXPECT_EQ(bad_kv_param(chat({{"kv_bits", 2.25}})), "kv_bits");
   EXPECT_EQ(bad_param(chat({{"kv_bits", "abc"}})), "kv_bits");
-  EXPECT_EQ(bad_param(chat({{"kv_bits", 4}, {"kv_quant_scheme", "foo"}})), "kv_quant_scheme");
+  EXPECT_EQ(bad_kv_param(chat({{"kv_bits", 4}, {"kv_quant_scheme", "foo"}})), "kv_quant_scheme");
+  EXPECT_EQ(bad_kv_param(chat({{"kv_bits", 4}, {"kv_group_size", 48}})), "kv_group_size");
+  EXPECT_EQ(bad_kv_param(chat({{"kv_key_bits", 2.25}})), "kv_key_bits");
   EXPECT_EQ(bad_param(json::array()), "<none>");
 }
 

@@ -15,7 +15,7 @@ if (!binary) {
   process.exit(2);
 }
 const MAX_BODY = 65536;
-// Per token per KV head (DESIGN §2): TurboQuant K3/V4 116 B, dense fp16 512 B; 6 layers, the last
+// Per token per KV head (docs/design.md, "TurboQuant"): TurboQuant K3/V4 116 B, dense fp16 512 B; 6 layers, the last
 // kept dense, 2 KV heads.
 const TQ35_BYTES_PER_TOKEN = 2 * (5 * 116 + 512);
 

@@ -1,4 +1,4 @@
-"""`turbokv tokenize` and `turbokv template` (DESIGN §4) against the HF fixtures: JSON output,
+"""`turbokv tokenize` and `turbokv template` (docs/design.md, "Contracts") against the HF fixtures: JSON output,
 exit codes and error messages on stderr."""
 import json
 import os

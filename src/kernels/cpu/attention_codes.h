@@ -1,6 +1,6 @@
 // Attention on quantized caches.
 //
-// TurboQuant codes (DESIGN §2 "Attention on codes"): each query row is rotated
+// TurboQuant codes (docs/design.md, "Attention on codes"): each query row is rotated
 // once into its KV head's codec frame, keys are scored and values accumulated on the codes
 // (norm * centroid, decoded one tile of kTileTokens tokens at a time into scratch — never a
 // dequantized copy of the cache), and each output row is rotated back once. Same split-K

@@ -11,9 +11,9 @@
 //          accumulate straight from its codes for one query's rows (decode), with nothing
 //          decoded to memory: tiles.fused(h) says whether it can for KV head h.
 //
-// Work is split (STYLE habit 5) into items = (KV head, block of queries, key split). An item
-// runs one pass over its keys for every query row of its KV head's group (GQA: the G query
-// heads of a KV head share each decoded tile) and keeps an online-softmax state {m, l, acc}
+// Work is split (docs/kernels.md, "CPU attention") into items = (KV head, block of queries, key
+// split). An item runs one pass over its keys for every query row of its KV head's group (GQA: the
+// G query heads of a KV head share each decoded tile) and keeps an online-softmax state {m, l, acc}
 // per row; split partials are merged in a fixed order, so results do not depend on the thread
 // count. Everything here is templated on Isa: each instantiation stays in its own TU.
 #pragma once
@@ -288,7 +288,8 @@ void attend_split_k(const Tiles& tiles, const AttendProblem& p) {
 }
 
 // Calls fn(std::integral_constant<int, D>) with D = head_dim for the compiled sizes, else D = 0
-// (runtime head_dim). The one place head_dim becomes a template parameter (STYLE habit 4).
+// (runtime head_dim). The one place head_dim becomes a template parameter (docs/kernels.md,
+// "Dispatch").
 template <class Fn>
 void dispatch_head_dim(int head_dim, Fn&& fn) {
   switch (head_dim) {

@@ -8,13 +8,13 @@
 
 #include "turbokv/kv_options.h"
 
-namespace turbokv::quant {
+namespace turbokv::eval {
 
 struct CodecStats {
   double bits = 0;
   std::string mode;  // "mse" | "prod"
   // E‖u - û‖² over random unit vectors. mse mode: the plain MSE codec (no norm correction,
-  // the DESIGN §2 quantity); prod mode: the unbiased reconstruction.
+  // the quantity of docs/design.md, "TurboQuant"); prod mode: the unbiased reconstruction.
   double mse = 0;
   double mse_norm_corrected = 0;  // mse mode only: the same with norm correction on
   // With random N(0, I) queries q: err = est(<q, x>) - <q, x>.
@@ -47,4 +47,4 @@ LayerFidelity attention_fidelity(const float* q, const float* k, const float* v,
                                  int kv_heads, int tokens, int dim, const ResolvedKV& kv,
                                  int split_calibration_tokens = 256);
 
-}  // namespace turbokv::quant
+}  // namespace turbokv::eval

@@ -1,7 +1,7 @@
-// Perplexity with the DESIGN §4 contract: chunk i is tokens [i·C, (i+1)·C + 1), each chunk a
-// fresh sequence (fresh caches), all C next-token predictions scored. With a KV scheme the
-// dense cache runs on the same tokens in the same forward passes, and the quantized run is
-// compared to it: KL(dense || quantized) of the next-token distributions and top-1 agreement.
+// Perplexity with the contract of docs/design.md, "Contracts": chunk i is tokens [i·C, (i+1)·C +
+// 1), each chunk a fresh sequence (fresh caches), all C next-token predictions scored. With a KV
+// scheme the dense cache runs on the same tokens in the same forward passes, and the quantized run
+// is compared to it: KL(dense || quantized) of the next-token distributions and top-1 agreement.
 // Every token attends to its own K/V as stored by its cache (quantized caches code the fresh
 // tokens too), which is what decoding sees.
 #pragma once
@@ -37,7 +37,7 @@ void score_logits(const float* logits, const float* dense_logits, const int32_t*
 struct PerplexityOptions {
   int context = 1024;            // C
   int64_t max_chunks = 0;        // 0: all chunks the tokens allow
-  std::optional<KVOptions> kv;   // none: dense only
+  ResolvedKV kv;                 // scheme kDense: the dense pass only
   int tokens_per_forward = 256;  // a chunk is fed in pieces this long (bounds logits memory)
 };
 

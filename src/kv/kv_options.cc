@@ -1,21 +1,24 @@
-#include "turbokv/kv_options.h"
-
+// resolve_kv_options and parse_kv_bits (kv/kv_resolve.h).
 #include <cmath>
 #include <cstdlib>
 
 #include "core/error.h"
+#include "kv/kv_resolve.h"
+#include "quant/codec.h"
 
 namespace turbokv {
 namespace {
 
-bool is_half_step(double b) { return std::fabs(b * 2 - std::round(b * 2)) < 1e-9; }
-bool is_integer(double b) { return std::fabs(b - std::round(b)) < 1e-9; }
+bool is_integer(double b) {
+  return std::fabs(b - std::round(b)) < 1e-9;
+}
 
-void check_turboquant_bits(double b, const char* what) {
-  if (!std::isfinite(b) || !is_half_step(b) || b < 1 || b > 8) {
+void check_uniform_bits(double b, const char* what) {
+  if (!std::isfinite(b) || !is_integer(b) || b < 2 || b > 8) {
     throw InvalidArgument(str_cat(what, "=", b,
-                                  " is not valid for TurboQuant: allowed are multiples of 0.5 "
-                                  "in [1, 8] (e.g. 2, 2.5, 3, 3.5, 4)"));
+                                  " is not valid for the uniform scheme: allowed are integers "
+                                  "2..8 (fractional values select TurboQuant)"),
+                          what);
   }
 }
 
@@ -23,9 +26,12 @@ void check_turboquant_bits(double b, const char* what) {
 
 const char* kv_scheme_name(KVScheme scheme) {
   switch (scheme) {
-    case KVScheme::kDense: return "dense";
-    case KVScheme::kUniform: return "uniform";
-    case KVScheme::kTurboQuant: return "turboquant";
+    case KVScheme::kDense:
+      return "dense";
+    case KVScheme::kUniform:
+      return "uniform";
+    case KVScheme::kTurboQuant:
+      return "turboquant";
   }
   return "?";
 }
@@ -36,7 +42,8 @@ double parse_kv_bits(const std::string& text, const char* what) {
   const double v = std::strtod(begin, &end);
   if (text.empty() || end == begin || *end != '\0' || !std::isfinite(v)) {
     throw InvalidArgument(str_cat(what, "='", text, "' is not a number; allowed are multiples of ",
-                                  "0.5 in [1, 8] for TurboQuant or integers 2..8 for uniform"));
+                                  "0.5 in [1, 8] for TurboQuant or integers 2..8 for uniform"),
+                          what);
   }
   return v;
 }
@@ -44,11 +51,12 @@ double parse_kv_bits(const std::string& text, const char* what) {
 ResolvedKV resolve_kv_options(const KVOptions& o) {
   if (o.kv_quant_scheme != "uniform" && o.kv_quant_scheme != "turboquant") {
     throw InvalidArgument(str_cat("kv_quant_scheme='", o.kv_quant_scheme,
-                                  "' is unknown; allowed: 'uniform', 'turboquant'"));
+                                  "' is unknown; allowed: 'uniform', 'turboquant'"),
+                          "kv_quant_scheme");
   }
   if (o.quantized_kv_start < 0) {
-    throw InvalidArgument(
-        str_cat("quantized_kv_start=", o.quantized_kv_start, " must be >= 0"));
+    throw InvalidArgument(str_cat("quantized_kv_start=", o.quantized_kv_start, " must be >= 0"),
+                          "quantized_kv_start");
   }
   ResolvedKV r;
   r.seed = o.seed;
@@ -64,7 +72,7 @@ ResolvedKV resolve_kv_options(const KVOptions& o) {
   if (o.kv_quant_scheme == "turboquant" || fractional) {
     r.scheme = KVScheme::kTurboQuant;
     if (o.kv_bits) {
-      check_turboquant_bits(*o.kv_bits, "kv_bits");
+      quant::check_turboquant_bits(*o.kv_bits, "kv_bits");
       r.key_bits = std::floor(*o.kv_bits);
       r.value_bits = std::ceil(*o.kv_bits);
     } else {
@@ -72,27 +80,22 @@ ResolvedKV resolve_kv_options(const KVOptions& o) {
     }
     if (o.kv_key_bits) r.key_bits = *o.kv_key_bits;
     if (o.kv_value_bits) r.value_bits = *o.kv_value_bits;
-    check_turboquant_bits(r.key_bits, "kv_key_bits");
-    check_turboquant_bits(r.value_bits, "kv_value_bits");
+    quant::check_turboquant_bits(r.key_bits, "kv_key_bits");
+    quant::check_turboquant_bits(r.value_bits, "kv_value_bits");
     return r;
   }
   r.scheme = KVScheme::kUniform;
+  const char* field = o.kv_bits ? "kv_bits" : (o.kv_key_bits ? "kv_key_bits" : "kv_value_bits");
   const double bits = o.kv_bits ? *o.kv_bits : (o.kv_key_bits ? *o.kv_key_bits : *o.kv_value_bits);
-  if (!std::isfinite(bits) || !is_integer(bits) || bits < 2 || bits > 8) {
-    throw InvalidArgument(str_cat("kv_bits=", bits,
-                                  " is not valid for the uniform scheme: allowed are integers "
-                                  "2..8 (fractional values select TurboQuant)"));
-  }
+  check_uniform_bits(bits, field);
   r.key_bits = o.kv_key_bits ? *o.kv_key_bits : bits;
   r.value_bits = o.kv_value_bits ? *o.kv_value_bits : bits;
-  for (double b : {r.key_bits, r.value_bits}) {
-    if (!is_integer(b) || b < 2 || b > 8) {
-      throw InvalidArgument(str_cat("uniform bits ", b, " must be an integer in 2..8"));
-    }
-  }
+  check_uniform_bits(r.key_bits, "kv_key_bits");
+  check_uniform_bits(r.value_bits, "kv_value_bits");
   if (o.kv_group_size != 32 && o.kv_group_size != 64 && o.kv_group_size != 128) {
-    throw InvalidArgument(str_cat("kv_group_size=", o.kv_group_size,
-                                  " is not supported; allowed: 32, 64, 128"));
+    throw InvalidArgument(
+        str_cat("kv_group_size=", o.kv_group_size, " is not supported; allowed: 32, 64, 128"),
+        "kv_group_size");
   }
   return r;
 }

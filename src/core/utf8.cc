@@ -1,5 +1,5 @@
 // UTF-8 helpers (see utf8.h).
-#include "tokenizer/utf8.h"
+#include "core/utf8.h"
 
 #include <utf8proc.h>
 

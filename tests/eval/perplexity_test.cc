@@ -1,6 +1,6 @@
 // Perplexity scoring: log-softmax, KL and top-1 on hand-computed rows, and run_perplexity's
-// chunking (DESIGN §4) against one forward per chunk scored independently.
-#include "model/perplexity.h"
+// chunking (docs/design.md, "Contracts") against one forward per chunk scored independently.
+#include "eval/perplexity.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "core/safetensors.h"
-#include "test_util.h"
+#include "tests/model/test_util.h"
 
 namespace turbokv {
 namespace {

@@ -1,4 +1,4 @@
-"""`turbokv perplexity` and `turbokv bench e2e` through the built binary: the DESIGN §4 JSON
+"""`turbokv perplexity` and `turbokv bench e2e` through the built binary: the JSON contract (docs/design.md, "Contracts")
 keys, the dense baseline inside a quantized run, exit codes and error lines."""
 import json
 import math

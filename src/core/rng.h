@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
-namespace turbokv::quant {
+namespace turbokv {
 
 // One step of splitmix64: advances *state and returns the mixed output.
 inline uint64_t splitmix64_next(uint64_t* state) {
@@ -74,4 +74,4 @@ class Xoshiro256 {
   bool has_spare_ = false;
 };
 
-}  // namespace turbokv::quant
+}  // namespace turbokv

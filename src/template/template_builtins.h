@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "tokenizer/template_value.h"
+#include "template/template_value.h"
 
 namespace turbokv::jinja {
 

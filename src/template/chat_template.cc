@@ -1,13 +1,13 @@
 // The chat-template evaluator: walks the syntax tree from template_parser.h with Jinja2's
 // scoping (a for-loop iteration and a macro call open a scope; if/set do not) and the globals
 // transformers provides (raise_exception, strftime_now, namespace, range, dict).
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 
 #include <optional>
 #include <unordered_map>
 
-#include "tokenizer/template_builtins.h"
-#include "tokenizer/template_parser.h"
+#include "template/template_builtins.h"
+#include "template/template_parser.h"
 
 namespace turbokv {
 

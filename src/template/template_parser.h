@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "tokenizer/template_value.h"
+#include "template/template_value.h"
 
 namespace turbokv::jinja {
 

@@ -1,5 +1,5 @@
 // Codec measurements for `turbokv codec` (see codec_eval.h).
-#include "quant/codec_eval.h"
+#include "eval/codec_eval.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,15 +7,18 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "core/threads.h"
 #include "quant/codec.h"
 #include "quant/codec_mse.h"
 #include "quant/codec_prod.h"
 #include "quant/codec_split.h"
 #include "quant/codec_uniform.h"
-#include "quant/rng.h"
 
-namespace turbokv::quant {
+namespace turbokv::eval {
+
+using namespace quant;
+
 namespace {
 
 // Sums that measure_codec accumulates per thread and merges.
@@ -276,4 +279,4 @@ LayerFidelity attention_fidelity(const float* q, const float* k, const float* v,
   return result;
 }
 
-}  // namespace turbokv::quant
+}  // namespace turbokv::eval

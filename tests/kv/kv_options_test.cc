@@ -1,9 +1,10 @@
-// DESIGN §2 selection rules (the mlx-vlm contract).
+// The KV selection rules (docs/design.md, "Choosing the KV scheme"; the mlx-vlm contract).
 #include "turbokv/kv_options.h"
 
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "kv/kv_resolve.h"
 
 namespace turbokv {
 namespace {

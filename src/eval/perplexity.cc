@@ -1,5 +1,5 @@
 // Perplexity and KV-cache quality against the dense cache (perplexity.h).
-#include "model/perplexity.h"
+#include "eval/perplexity.h"
 
 #include <algorithm>
 #include <cmath>
@@ -84,7 +84,7 @@ PerplexityResult run_perplexity(
                                   C, " needs ", C + 1));
   }
   if (options.max_chunks > 0) result.chunks = std::min(result.chunks, options.max_chunks);
-  const ResolvedKV kv = options.kv ? resolve_kv_options(*options.kv) : ResolvedKV{};
+  const ResolvedKV& kv = options.kv;
   result.quantized = kv.scheme != KVScheme::kDense;
   result.kv_scheme = kv_scheme_name(kv.scheme);
 

@@ -1,13 +1,13 @@
 // Operations, filters, tests and methods of the template engine (see template_builtins.h).
-#include "tokenizer/template_builtins.h"
+#include "template/template_builtins.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <unordered_set>
 
-#include "tokenizer/chat_template.h"
-#include "tokenizer/utf8.h"
+#include "core/utf8.h"
+#include "template/chat_template.h"
 
 namespace turbokv::jinja {
 namespace {

@@ -1,13 +1,13 @@
 // Jinja2 lexer and recursive-descent parser (see template_parser.h). The expression grammar and
 // its precedence follow jinja2/parser.py: condexpr > or > and > not > compare > + - > ~ >
 // * / // % > ** > unary > postfix (. [] ()) > filters and `is` tests.
-#include "tokenizer/template_parser.h"
+#include "template/template_parser.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
-#include "tokenizer/utf8.h"
+#include "core/utf8.h"
 
 namespace turbokv::jinja {
 namespace {

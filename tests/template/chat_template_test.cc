@@ -1,7 +1,7 @@
 // Chat templates against Python Jinja2 renderings made the way transformers renders them
 // (tests/fixtures/chat-templates.json, strftime_now pinned to 26 Jul 2024), plus Python
 // semantics the fixtures do not reach and syntax errors with line:column.
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 
 #include <gtest/gtest.h>
 

@@ -1,11 +1,11 @@
 // Python semantics of template values (see template_value.h).
-#include "tokenizer/template_value.h"
+#include "template/template_value.h"
 
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 
-#include "tokenizer/chat_template.h"
+#include "template/chat_template.h"
 
 namespace turbokv::jinja {
 
