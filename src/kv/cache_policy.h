@@ -1,5 +1,7 @@
-// Cache policy (docs/design.md, "Cache policy"): which cache type each layer gets.
-//  - sliding-window layers: RotatingKVCache, never quantized;
+// Cache policy (docs/design.md, "Cache policy"): which cache each layer gets. The decision is a
+// plan (plan_layer_caches) that every backend builds its caches from, so the CPU and the GPU
+// apply one rule:
+//  - sliding-window layers: a rotating dense cache, never quantized;
 //  - the last layer stays dense unless ResolvedKV::last_layer_dense is false;
 //  - other (global) layers: the scheme of ResolvedKV, dense until quantized_kv_start tokens.
 #pragma once
@@ -12,13 +14,31 @@
 
 namespace turbokv {
 
-// Dense and rotating caches store f16 (kv_bits none -> a dense fp16 cache).
-LayerCaches make_layer_caches(const std::vector<LayerSpec>& layers, const ResolvedKV& kv);
+enum class LayerCacheKind { kDense, kRotating, kTurboQuant, kUniform };
+const char* layer_cache_kind_name(LayerCacheKind kind);  // "dense", "rotating", ...
 
-// Same, with the element type of the dense and rotating caches chosen by the caller (kF32 for
-// exact comparisons against fp32 reference logits).
+// The cache one layer gets.
+struct LayerCachePlan {
+  LayerCacheKind kind = LayerCacheKind::kDense;
+  int kv_heads = 0;
+  int head_dim = 0;
+  int window = 0;                  // kRotating: the sliding window
+  TurboQuantKVConfig turboquant;   // kTurboQuant
+  UniformKVConfig uniform;         // kUniform
+  int64_t quantized_kv_start = 0;  // quantized kinds: > 0 stays dense until it holds this many
+};
+
+// One plan per layer. Throws InvalidArgument for bad shapes or KV settings (the bits and dims
+// are checked here, not when a staged cache converts).
+std::vector<LayerCachePlan> plan_layer_caches(const std::vector<LayerSpec>& layers,
+                                              const ResolvedKV& kv);
+
+// The CPU caches of a plan. Dense and rotating caches store f16 (kv_bits none -> a dense fp16
+// cache), or dense_dtype when given (kF32 for exact comparisons against fp32 references).
+LayerCaches make_layer_caches(const std::vector<LayerSpec>& layers, const ResolvedKV& kv);
 LayerCaches make_layer_caches(const std::vector<LayerSpec>& layers, const ResolvedKV& kv,
                               KVDType dense_dtype);
+LayerCaches make_layer_caches(const std::vector<LayerCachePlan>& plan, KVDType dense_dtype);
 
 // The cache configurations a ResolvedKV selects.
 TurboQuantKVConfig turboquant_config(const ResolvedKV& kv);

@@ -106,6 +106,28 @@ TEST(CachePolicy, CapacityGrowsInSteps) {
   EXPECT_EQ(tq.key_rows().capacity(), 512);
 }
 
+TEST(CachePolicy, PlanNamesEachLayersCacheAndItsSettings) {
+  KVOptions o = bits(3.5);
+  o.quantized_kv_start = 100;
+  const std::vector<LayerCachePlan> plan = plan_layer_caches(kLayers, resolved(o));
+  ASSERT_EQ(plan.size(), kLayers.size());
+  const LayerCacheKind expected[] = {LayerCacheKind::kTurboQuant, LayerCacheKind::kRotating,
+                                     LayerCacheKind::kTurboQuant, LayerCacheKind::kDense};
+  for (size_t i = 0; i < plan.size(); ++i) {
+    EXPECT_EQ(plan[i].kind, expected[i]) << "layer " << i;
+    EXPECT_EQ(plan[i].kv_heads, 2);
+    EXPECT_EQ(plan[i].head_dim, 64);
+  }
+  EXPECT_EQ(plan[1].window, 16);
+  EXPECT_EQ(plan[0].turboquant.key_bits, 3);
+  EXPECT_EQ(plan[0].turboquant.value_bits, 4);
+  EXPECT_EQ(plan[0].quantized_kv_start, 100);
+  EXPECT_STREQ(layer_cache_kind_name(plan[1].kind), "rotating");
+  // The CPU caches follow the plan: staged (dense until 100 tokens), rotating, staged, dense.
+  EXPECT_EQ(types(make_layer_caches(plan, KVDType::kF16)),
+            (std::vector<std::string>{"dense-f16", "rotating", "dense-f16", "dense-f16"}));
+}
+
 TEST(CachePolicy, BadOptionsAreInvalidArgument) {
   ResolvedKV kv = resolved(bits(3.5));
   kv.quantized_kv_start = -1;
