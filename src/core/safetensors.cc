@@ -14,7 +14,7 @@ bool parse_dtype(const std::string& s, DType* out) {
   static const std::map<std::string, DType> kNames = {
       {"F64", DType::F64}, {"F32", DType::F32}, {"F16", DType::F16}, {"BF16", DType::BF16},
       {"I64", DType::I64}, {"I32", DType::I32}, {"I16", DType::I16}, {"I8", DType::I8},
-      {"U8", DType::U8},   {"BOOL", DType::BOOL}};
+      {"U8", DType::U8},   {"BOOL", DType::BOOL}, {"U32", DType::U32}};
   auto it = kNames.find(s);
   if (it == kNames.end()) return false;
   *out = it->second;
@@ -35,6 +35,7 @@ const char* dtype_name(DType dtype) {
     case DType::I8: return "I8";
     case DType::U8: return "U8";
     case DType::BOOL: return "BOOL";
+    case DType::U32: return "U32";
   }
   return "?";
 }
@@ -44,6 +45,7 @@ size_t dtype_size(DType dtype) {
     case DType::F64:
     case DType::I64: return 8;
     case DType::F32:
+    case DType::U32:
     case DType::I32: return 4;
     case DType::F16:
     case DType::BF16:
@@ -204,6 +206,12 @@ std::vector<int64_t> SafetensorsFile::to_i64(const TensorView& t) {
       case DType::I16: {
         int16_t v;
         std::memcpy(&v, t.data + 2 * i, 2);
+        out[i] = v;
+        break;
+      }
+      case DType::U32: {
+        uint32_t v;
+        std::memcpy(&v, t.data + 4 * i, 4);
         out[i] = v;
         break;
       }

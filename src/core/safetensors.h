@@ -12,7 +12,7 @@
 
 namespace turbokv {
 
-enum class DType { F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL };
+enum class DType { F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL, U32 };
 
 const char* dtype_name(DType dtype);
 size_t dtype_size(DType dtype);

@@ -299,4 +299,21 @@ void DecoderModel::write_logits(const std::vector<Slice>& slices, const float* x
   }
 }
 
+int64_t DecoderModel::decode_weight_bytes() const {
+  auto mlp_bytes = [](const MlpWeights& m) {
+    return m.gate.total_bytes() + m.up.total_bytes() + m.down.total_bytes();
+  };
+  int64_t bytes = lm_head_.total_bytes() + embed_.total_bytes() / std::max<int64_t>(1, embed_.rows);
+  for (const LayerWeights& L : layers_) {
+    bytes += L.q.total_bytes() + L.k.total_bytes() + L.v.total_bytes() + L.o.total_bytes();
+    if (L.moe) {
+      bytes += L.moe->router.total_bytes();
+      if (!L.moe->experts.empty()) bytes += L.moe->top_k * mlp_bytes(L.moe->experts.front());
+    } else {
+      bytes += mlp_bytes(L.mlp);
+    }
+  }
+  return bytes;
+}
+
 }  // namespace turbokv

@@ -57,6 +57,7 @@ class DecoderModel final : public Model {
   const ModelInfo& info() const override { return config_; }
   std::vector<LayerSpec> layer_specs() const override;
   void forward(std::span<const Chunk> chunks) const override;
+  int64_t decode_weight_bytes() const override;
 
   const ModelConfig& config() const { return config_; }
 

@@ -29,8 +29,9 @@ struct ModelInfo {
 class Model {
  public:
   virtual ~Model() = default;
-  // Loads config.json and the (possibly sharded) safetensors from dir. Throws IoError,
-  // FormatError (naming the file/tensor) or Unsupported (naming the architecture).
+  // Loads config.json and the (possibly sharded, possibly MLX-quantized) safetensors from dir,
+  // or everything from dir when it names a GGUF file. Throws IoError, FormatError (naming the
+  // file/tensor) or Unsupported (naming the architecture).
   static std::unique_ptr<Model> load(const std::string& dir);
 
   virtual const ModelInfo& info() const = 0;
@@ -49,6 +50,10 @@ class Model {
   };
   // Runs every chunk; matmuls see the tokens of all chunks together.
   virtual void forward(std::span<const Chunk> chunks) const = 0;
+
+  // Bytes of weights one decode step reads (every matrix once, the embedding only by row);
+  // 0 when the model does not say.
+  virtual int64_t decode_weight_bytes() const { return 0; }
 };
 
 }  // namespace turbokv

@@ -1,4 +1,6 @@
 // Scalar references for matmul.h: plain loops, double accumulation.
+#include <vector>
+
 #include "core/error.h"
 #include "core/half.h"
 #include "kernels/cpu/matmul.h"
@@ -15,28 +17,14 @@ float weight_at(const WeightMatrix& w, int64_t index) {
 
 }  // namespace
 
-void check_weight_dtype(const WeightMatrix& w) {
-  if (w.dtype != DType::F32 && w.dtype != DType::F16 && w.dtype != DType::BF16) {
-    throw InvalidArgument(str_cat("weight dtype ", dtype_name(w.dtype),
-                                  " is not supported (allowed: F32, F16, BF16)"));
-  }
-}
-
-WeightMatrix WeightMatrix::row_slice(int64_t begin, int64_t count) const {
-  TKV_DCHECK(begin >= 0 && count >= 0 && begin + count <= rows);
-  WeightMatrix slice = *this;
-  slice.data = data + begin * cols * int64_t(dtype_size(dtype));
-  slice.rows = count;
-  return slice;
-}
-
 void matmul_ref(const float* x, int64_t m, const WeightMatrix& w, const float* bias, float* y) {
   check_weight_dtype(w);
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t n = 0; n < w.rows; ++n) {
+  std::vector<float> row(size_t(w.cols));  // [cols] one weight row in f32
+  for (int64_t n = 0; n < w.rows; ++n) {
+    widen_rows_ref(w, n, 1, row.data());
+    for (int64_t i = 0; i < m; ++i) {
       double sum = bias != nullptr ? bias[n] : 0.0;
-      for (int64_t k = 0; k < w.cols; ++k)
-        sum += double(x[i * w.cols + k]) * weight_at(w, n * w.cols + k);
+      for (int64_t k = 0; k < w.cols; ++k) sum += double(x[i * w.cols + k]) * row[size_t(k)];
       y[i * w.rows + n] = float(sum);
     }
   }
@@ -44,6 +32,7 @@ void matmul_ref(const float* x, int64_t m, const WeightMatrix& w, const float* b
 
 void widen_rows_ref(const WeightMatrix& w, int64_t begin, int64_t count, float* out) {
   check_weight_dtype(w);
+  if (w.format != WeightFormat::kDense) return dequantize_rows_ref(w, begin, count, out);
   for (int64_t i = 0; i < count * w.cols; ++i) out[i] = weight_at(w, begin * w.cols + i);
 }
 
@@ -61,9 +50,8 @@ void gather_rows_ref(const WeightMatrix& w, const int32_t* rows, int64_t n, floa
   check_gather_rows(w, rows, n);
   check_weight_dtype(w);
   for (int64_t i = 0; i < n; ++i) {
-    for (int64_t k = 0; k < w.cols; ++k) {
-      out[i * w.cols + k] = scale * weight_at(w, rows[i] * w.cols + k);
-    }
+    widen_rows_ref(w, rows[i], 1, out + i * w.cols);
+    for (int64_t k = 0; k < w.cols; ++k) out[i * w.cols + k] *= scale;
   }
 }
 
