@@ -7,6 +7,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/half.h"
@@ -14,18 +15,18 @@
 namespace turbokv::avx2 {
 namespace {
 
-constexpr int kMaxRows = 8;  // activation rows of one decode product (matmul's kGemmMinRows)
+constexpr int kMaxGroup = 4;  // activation rows that share one pass over the weights
 
 inline float half_at(const uint8_t* p) {
   uint16_t v;
   std::memcpy(&v, p, 2);
-  return f16_to_f32(v);
+  return _cvtsh_ss(v);
 }
 
 inline float scale_at(const uint8_t* p, DType dtype) {
   uint16_t v;
   std::memcpy(&v, p, 2);
-  return dtype == DType::F16 ? f16_to_f32(v) : bf16_to_f32(v);
+  return dtype == DType::F16 ? _cvtsh_ss(v) : bf16_to_f32(v);
 }
 
 inline __m256i ones16() {
@@ -83,16 +84,15 @@ struct Rows {
   const float* d;
   const float* dsum;
   int64_t cols, nb;
-  int m;
   const int8_t* xq(int i, int64_t c) const { return q + i * cols + 32 * c; }
   float dx(int i, int64_t c) const { return d[i * nb + c]; }
   float sx(int i, int64_t c) const { return dsum[i * nb + c]; }
 };
 
-// acc[i] += (scale · d_i) · Σ w · x_i over block c, for every activation row.
-template <bool Signed>
+// acc[i] += (scale · d_i) · Σ w · x_i over block c, for the M activation rows.
+template <bool Signed, int M>
 inline void accumulate(const Rows& x, int64_t c, __m256i w, float scale, __m256* acc) {
-  for (int i = 0; i < x.m; ++i) {
+  for (int i = 0; i < M; ++i) {
     const __m256i x8 = load32(x.xq(i, c));
     const __m256i s = Signed ? dot_signed(w, x8) : dot_unsigned(w, x8);
     acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(scale * x.dx(i, c)), acc[i]);
@@ -101,31 +101,35 @@ inline void accumulate(const Rows& x, int64_t c, __m256i w, float scale, __m256*
 
 // One weight row of each format against all activation rows: out[i] (plus extra[i] for
 // terms accumulated as scalars).
+template <int M>
 void row_q8_0(const uint8_t* row, const Rows& x, __m256* acc, float*) {
   for (int64_t c = 0; c < x.nb; ++c) {
     const uint8_t* b = row + 34 * c;
-    accumulate<true>(x, c, load32(b + 2), half_at(b), acc);
+    accumulate<true, M>(x, c, load32(b + 2), half_at(b), acc);
   }
 }
 
+template <int M>
 void row_q4_0(const uint8_t* row, const Rows& x, __m256* acc, float*) {
   for (int64_t c = 0; c < x.nb; ++c) {
     const uint8_t* b = row + 18 * c;
     const __m256i w = _mm256_sub_epi8(unpack_nibbles16(b + 2), _mm256_set1_epi8(8));
-    accumulate<true>(x, c, w, half_at(b), acc);
+    accumulate<true, M>(x, c, w, half_at(b), acc);
   }
 }
 
+template <int M>
 void row_q5_0(const uint8_t* row, const Rows& x, __m256* acc, float*) {
   for (int64_t c = 0; c < x.nb; ++c) {
     const uint8_t* b = row + 22 * c;
     uint32_t qh;
     std::memcpy(&qh, b + 2, 4);
     const __m256i q = _mm256_or_si256(unpack_nibbles16(b + 6), bits_to_0x10(qh));
-    accumulate<true>(x, c, _mm256_sub_epi8(q, _mm256_set1_epi8(16)), half_at(b), acc);
+    accumulate<true, M>(x, c, _mm256_sub_epi8(q, _mm256_set1_epi8(16)), half_at(b), acc);
   }
 }
 
+template <int M>
 void row_q4_k(const uint8_t* row, const Rows& x, __m256* acc, float* extra) {
   for (int64_t sb = 0; sb < x.nb / 8; ++sb) {
     const uint8_t* b = row + 144 * sb;
@@ -143,12 +147,13 @@ void row_q4_k(const uint8_t* row, const Rows& x, __m256* acc, float* extra) {
       const __m256i q = _mm256_and_si256(j % 2 == 0 ? bytes : _mm256_srli_epi16(bytes, 4),
                                          _mm256_set1_epi8(0x0F));
       const int64_t c = 8 * sb + j;
-      accumulate<false>(x, c, q, d * float(sc[j]), acc);
-      for (int i = 0; i < x.m; ++i) extra[i] -= dmin * float(mn[j]) * x.sx(i, c);
+      accumulate<false, M>(x, c, q, d * float(sc[j]), acc);
+      for (int i = 0; i < M; ++i) extra[i] -= dmin * float(mn[j]) * x.sx(i, c);
     }
   }
 }
 
+template <int M>
 void row_q6_k(const uint8_t* row, const Rows& x, __m256* acc, float*) {
   const __m256i low4 = _mm256_set1_epi8(0x0F), two_bits = _mm256_set1_epi8(3);
   for (int64_t sb = 0; sb < x.nb / 8; ++sb) {
@@ -165,7 +170,7 @@ void row_q6_k(const uint8_t* row, const Rows& x, __m256* acc, float*) {
       const __m256i w = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
       const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
       const int64_t c = 8 * sb + j;
-      for (int i = 0; i < x.m; ++i) {
+      for (int i = 0; i < M; ++i) {
         const __m256i s = dot_signed_scaled(w, load32(x.xq(i, c)), scales);
         acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * x.dx(i, c)), acc[i]);
       }
@@ -175,7 +180,7 @@ void row_q6_k(const uint8_t* row, const Rows& x, __m256* acc, float*) {
 
 // MLX affine, 4 or 8 bits: w = s·q + b, so Σ w x = s Σ q x + b Σ x; 8-bit codes are taken as
 // q − 128 (signed), which moves 128 s into the bias term.
-template <int Bits>
+template <int Bits, int M>
 void row_affine(const WeightMatrix& w, int64_t n, const Rows& x, __m256* acc, float* extra) {
   const AffineParams& a = w.affine;
   const int64_t groups = w.cols / a.group_size, per_group = a.group_size / 32;
@@ -188,12 +193,12 @@ void row_affine(const WeightMatrix& w, int64_t n, const Rows& x, __m256* acc, fl
     for (int64_t j = 0; j < per_group; ++j) {
       const int64_t c = g * per_group + j;
       if constexpr (Bits == 4) {
-        accumulate<false>(x, c, unpack_nibbles16(codes + 16 * c), s, acc);
+        accumulate<false, M>(x, c, unpack_nibbles16(codes + 16 * c), s, acc);
       } else {
         const __m256i q = _mm256_xor_si256(load32(codes + 32 * c), _mm256_set1_epi8(char(0x80)));
-        accumulate<true>(x, c, q, s, acc);
+        accumulate<true, M>(x, c, q, s, acc);
       }
-      for (int i = 0; i < x.m; ++i) extra[i] += bias * x.sx(i, c);
+      for (int i = 0; i < M; ++i) extra[i] += bias * x.sx(i, c);
     }
   }
 }
@@ -205,43 +210,71 @@ bool qmatmul_supported(const WeightMatrix& w) {
   return w.format != WeightFormat::kDense;
 }
 
-void qmatmul_rows(const ActivationBlocks& xb, const WeightMatrix& w, int64_t row_begin,
-                  int64_t row_end, float* y) {
-  const Rows x{xb.q.data(), xb.d.data(), xb.dsum.data(), xb.cols, xb.cols / 32, int(xb.m)};
+namespace {
+
+template <int M>
+void rows_group(const Rows& x, const WeightMatrix& w, int64_t row_begin, int64_t row_end,
+                float* y) {
   const int64_t row_bytes = w.row_bytes();
   for (int64_t n = row_begin; n < row_end; ++n) {
-    __m256 acc[kMaxRows];
-    float extra[kMaxRows];
-    for (int i = 0; i < x.m; ++i) {
+    __m256 acc[M];
+    float extra[M];
+    for (int i = 0; i < M; ++i) {
       acc[i] = _mm256_setzero_ps();
       extra[i] = 0;
     }
     const uint8_t* row = w.data + n * row_bytes;
     switch (w.format) {
       case WeightFormat::kQ8_0:
-        row_q8_0(row, x, acc, extra);
+        row_q8_0<M>(row, x, acc, extra);
         break;
       case WeightFormat::kQ4_0:
-        row_q4_0(row, x, acc, extra);
+        row_q4_0<M>(row, x, acc, extra);
         break;
       case WeightFormat::kQ5_0:
-        row_q5_0(row, x, acc, extra);
+        row_q5_0<M>(row, x, acc, extra);
         break;
       case WeightFormat::kQ4_K:
-        row_q4_k(row, x, acc, extra);
+        row_q4_k<M>(row, x, acc, extra);
         break;
       case WeightFormat::kQ6_K:
-        row_q6_k(row, x, acc, extra);
+        row_q6_k<M>(row, x, acc, extra);
         break;
       default:
         if (w.affine.bits == 4) {
-          row_affine<4>(w, n, x, acc, extra);
+          row_affine<4, M>(w, n, x, acc, extra);
         } else {
-          row_affine<8>(w, n, x, acc, extra);
+          row_affine<8, M>(w, n, x, acc, extra);
         }
         break;
     }
-    for (int i = 0; i < x.m; ++i) y[i * w.rows + n] = hsum(acc[i]) + extra[i];
+    for (int i = 0; i < M; ++i) y[i * w.rows + n] = hsum(acc[i]) + extra[i];
+  }
+}
+
+}  // namespace
+
+void qmatmul_rows(const ActivationBlocks& xb, const WeightMatrix& w, int64_t row_begin,
+                  int64_t row_end, float* y) {
+  const int64_t nb = xb.cols / 32;
+  for (int64_t i0 = 0; i0 < xb.m; i0 += kMaxGroup) {
+    const Rows x{xb.q.data() + i0 * xb.cols, xb.d.data() + i0 * nb, xb.dsum.data() + i0 * nb,
+                 xb.cols, nb};
+    float* yi = y + i0 * w.rows;
+    switch (std::min<int64_t>(kMaxGroup, xb.m - i0)) {
+      case 1:
+        rows_group<1>(x, w, row_begin, row_end, yi);
+        break;
+      case 2:
+        rows_group<2>(x, w, row_begin, row_end, yi);
+        break;
+      case 3:
+        rows_group<3>(x, w, row_begin, row_end, yi);
+        break;
+      default:
+        rows_group<4>(x, w, row_begin, row_end, yi);
+        break;
+    }
   }
 }
 
