@@ -3,6 +3,8 @@
 #include "core/gguf.h"
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include "core/error.h"
@@ -187,6 +189,15 @@ void read_value(Cursor& in, uint32_t kind, const std::string& what, const std::s
 }
 
 }  // namespace
+
+bool is_gguf_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  in.read(magic, 4);
+  return in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
+}
 
 const char* gguf_type_name(uint32_t type) {
   switch (GgufType(type)) {

@@ -92,6 +92,9 @@ struct GgufTensor {
   std::string shape_string() const;  // "[cols, rows]" in file order
 };
 
+// True when path names a regular file that starts with the GGUF magic.
+bool is_gguf_file(const std::string& path);
+
 class GgufFile {
  public:
   // Throws IoError (missing/unreadable) or FormatError naming the file and what is wrong: bad

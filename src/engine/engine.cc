@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "core/gguf.h"
 #include "engine/scheduler.h"
 #include "kv/cache_policy.h"
 #include "kv/kv_resolve.h"
@@ -140,8 +141,9 @@ class EngineImpl : public Engine {
 
 std::unique_ptr<Engine> Engine::load(const std::string& model_dir, const EngineOptions& options) {
   resolve_kv_options(options.kv);  // bad options fail before the model is read
-  if (!std::filesystem::is_directory(model_dir)) {
-    throw IoError(str_cat("model directory '", model_dir, "' does not exist"));
+  if (!std::filesystem::is_directory(model_dir) && !is_gguf_file(model_dir)) {
+    throw IoError(str_cat("model '", model_dir,
+                          "' is neither a model directory nor a GGUF file"));
   }
   return std::make_unique<EngineImpl>(model_dir, options);
 }

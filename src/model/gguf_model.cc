@@ -3,8 +3,6 @@
 #include "model/gguf_model.h"
 
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 
 #include "core/error.h"
 
@@ -39,15 +37,6 @@ const Arch& find_arch(const GgufFile& f) {
 }
 
 }  // namespace
-
-bool is_gguf_file(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) return false;
-  std::ifstream in(path, std::ios::binary);
-  char magic[4] = {};
-  in.read(magic, 4);
-  return in.gcount() == 4 && std::memcmp(magic, "GGUF", 4) == 0;
-}
 
 nlohmann::json gguf_model_config_json(const GgufFile& f) {
   const Arch& arch = find_arch(f);

@@ -14,9 +14,6 @@
 
 namespace turbokv {
 
-// True when path names a regular file that starts with the GGUF magic.
-bool is_gguf_file(const std::string& path);
-
 // The config.json equivalent of the file's metadata. Throws Unsupported naming an
 // architecture outside the list above (and the list), FormatError naming a missing or
 // malformed key.

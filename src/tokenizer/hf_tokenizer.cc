@@ -4,6 +4,8 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/gguf.h"
+#include "tokenizer/gguf_tokenizer.h"
 #include "core/text_file.h"
 #include "core/utf8.h"
 
@@ -242,6 +244,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_file(const std::string& tokenizer_jso
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::from_model_dir(const std::string& dir) {
+  if (is_gguf_file(dir)) return gguf_tokenizer(GgufFile::open(dir));
   const auto path = std::filesystem::path(dir) / "tokenizer.json";
   if (!std::filesystem::exists(path)) {
     throw IoError(str_cat("model directory '", dir, "' has no tokenizer.json"));

@@ -31,6 +31,13 @@ class HfTokenizer final : public Tokenizer {
   bool is_special(int32_t id) const override;
   const TokenizerConfig& config() const override { return config_; }
 
+  // Sets the special-token configuration directly (GGUF metadata instead of a model dir);
+  // prepend_bos: put BOS before the text on encode(add_special_tokens).
+  void set_config(TokenizerConfig config, bool prepend_bos) {
+    config_ = std::move(config);
+    prepend_bos_ = prepend_bos && config_.bos_token.has_value();
+  }
+
   // Turns the BPE per-piece cache off (benchmark: cached vs plain BPE).
   void set_cache_enabled(bool enabled) { model_->set_cache_enabled(enabled); }
 

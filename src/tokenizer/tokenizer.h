@@ -27,7 +27,8 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
   // Throws IoError / FormatError (with the JSON location) / Unsupported (naming the feature).
   static std::unique_ptr<Tokenizer> from_file(const std::string& tokenizer_json);
-  // tokenizer.json plus tokenizer_config.json / generation_config.json when present.
+  // tokenizer.json plus tokenizer_config.json / generation_config.json when present; or, when
+  // dir names a GGUF file, the tokenizer in its metadata (gguf_tokenizer.h).
   static std::unique_ptr<Tokenizer> from_model_dir(const std::string& dir);
 
   // add_special_tokens applies the post-processor (e.g. BOS) like HF's encode().
