@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 #include "cli/command.h"
 
@@ -17,6 +18,10 @@ struct E2EBenchFlags {
   int repeats = 5;
   bool json = false;
   KVFlags kv;  // the quantized side (default --kv-bits 3.5)
+  // Other checkpoints (e.g. quantized weights) measured against model_dir in the same run,
+  // all with the quantized KV cache: tokens/s, the ratio to model_dir, and the weight bytes
+  // each decoded token reads next to the machine's measured read bandwidth.
+  std::vector<std::string> compare_models;
 };
 
 // Adds the `e2e` subcommand to `bench` with its flags bound to flags.

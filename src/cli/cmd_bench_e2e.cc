@@ -1,6 +1,9 @@
 // `turbokv bench e2e`: prefill (one forward over a prompt) and decode (one token per forward,
 // greedy) tokens/s of the whole model, with the dense KV cache and with a quantized one, in
 // the same run; prints both and the ratio. The prompt is deterministic pseudo-random token ids.
+// With --compare-model, checkpoints of the same model in other weight formats are measured
+// against --model instead (quantized KV cache on every side), with the weight bytes read per
+// decoded token, the GB/s that makes, and the machine's read bandwidth measured in the run.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -77,6 +80,109 @@ Speed median(std::vector<Speed> runs) {
   return m;
 }
 
+// Streaming read bandwidth with the pool's threads: GB/s of summing a buffer far larger than
+// the caches, best of a few passes.
+double measure_read_bandwidth() {
+  constexpr int64_t kWords = int64_t(1) << 26;  // 512 MiB of uint64
+  std::vector<uint64_t> buffer(static_cast<size_t>(kWords));
+  parallel_for(kWords, 1 << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) buffer[size_t(i)] = uint64_t(i);
+  });
+  double best = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    std::vector<uint64_t> sums(64, 0);
+    const Stopwatch time;
+    parallel_for(64, 1, [&](int64_t b, int64_t e) {
+      for (int64_t part = b; part < e; ++part) {
+        const uint64_t* p = buffer.data() + part * (kWords / 64);
+        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (int64_t i = 0; i < kWords / 64; i += 4) {
+          s0 += p[i];
+          s1 += p[i + 1];
+          s2 += p[i + 2];
+          s3 += p[i + 3];
+        }
+        sums[size_t(part)] = s0 + s1 + s2 + s3;
+      }
+    });
+    const double seconds = time.wall_seconds();
+    volatile uint64_t sink = 0;
+    for (uint64_t v : sums) sink = sink + v;
+    best = std::max(best, double(kWords) * 8 / seconds / 1e9);
+  }
+  return best;
+}
+
+int run_weights_comparison(const E2EBenchFlags& flags, const ResolvedKV& kv) {
+  std::vector<std::string> paths = {flags.model_dir};
+  paths.insert(paths.end(), flags.compare_models.begin(), flags.compare_models.end());
+  std::vector<std::unique_ptr<Model>> models;
+  for (const std::string& path : paths) models.push_back(Model::load(path));
+  const int V = models.front()->info().vocab_size;
+  for (size_t i = 1; i < models.size(); ++i) {
+    if (models[i]->info().vocab_size != V) {
+      throw InvalidArgument(str_cat("--compare-model ", paths[i], " has vocabulary ",
+                                    models[i]->info().vocab_size, ", --model ", paths[0], " has ",
+                                    V, ": compare checkpoints of one model"));
+    }
+  }
+  std::mt19937 gen(0);
+  std::uniform_int_distribution<int32_t> token(0, V - 1);
+  std::vector<int32_t> prompt(static_cast<size_t>(flags.prompt_tokens));
+  for (int32_t& t : prompt) t = token(gen);
+  const std::vector<int32_t> warm(prompt.begin(),
+                                  prompt.begin() + std::min<size_t>(prompt.size(), 16));
+  for (const auto& model : models) measure(*model, warm, 2, kv);
+  // The models take turns within each repeat, so a busy machine slows all alike.
+  std::vector<std::vector<Speed>> runs(models.size());
+  for (int r = 0; r < flags.repeats; ++r) {
+    for (size_t i = 0; i < models.size(); ++i) {
+      runs[i].push_back(measure(*models[i], prompt, flags.gen_tokens, kv));
+    }
+  }
+  const double bandwidth = measure_read_bandwidth();
+  std::vector<Speed> speeds;
+  for (auto& r : runs) speeds.push_back(median(r));
+  const std::string scheme = kv_scheme_name(kv.scheme);
+  if (flags.json) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (size_t i = 0; i < models.size(); ++i) {
+      const double bytes = double(models[i]->decode_weight_bytes());
+      rows.push_back({{"model", paths[i]},
+                      {"prefill_tps", speeds[i].prefill_tps},
+                      {"decode_tps", speeds[i].decode_tps},
+                      {"decode_ratio", speeds[i].decode_tps / speeds[0].decode_tps},
+                      {"prefill_ratio", speeds[i].prefill_tps / speeds[0].prefill_tps},
+                      {"weight_bytes_per_token", bytes},
+                      {"weight_gbps", bytes * speeds[i].decode_tps / 1e9}});
+    }
+    const nlohmann::json out = {{"threads", flags.threads},
+                                {"prompt_tokens", flags.prompt_tokens},
+                                {"gen_tokens", flags.gen_tokens},
+                                {"repeats", flags.repeats},
+                                {"kv", scheme},
+                                {"read_bandwidth_gbps", bandwidth},
+                                {"results", rows}};
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
+  std::printf("%d threads, KV %s, decode at depth %d, %d decoded tokens, medians of %d runs\n",
+              flags.threads, scheme.c_str(), flags.prompt_tokens, flags.gen_tokens, flags.repeats);
+  std::printf("%-44s %12s %12s %8s %12s %10s\n", "model", "prefill t/s", "decode t/s", "ratio",
+              "weights MB/t", "GB/s");
+  for (size_t i = 0; i < models.size(); ++i) {
+    const double bytes = double(models[i]->decode_weight_bytes());
+    std::string name = paths[i];
+    if (name.size() > 44) name = "..." + name.substr(name.size() - 41);
+    std::printf("%-44s %12.1f %12.2f %7.2fx %12.1f %10.2f\n", name.c_str(), speeds[i].prefill_tps,
+                speeds[i].decode_tps, speeds[i].decode_tps / speeds[0].decode_tps, bytes / 1e6,
+                bytes * speeds[i].decode_tps / 1e9);
+  }
+  std::printf("measured read bandwidth (%d threads, 512 MiB buffer): %.2f GB/s\n", flags.threads,
+              bandwidth);
+  return 0;
+}
+
 }  // namespace
 
 CLI::App* add_e2e_bench(CLI::App& bench, E2EBenchFlags& flags) {
@@ -88,6 +194,9 @@ CLI::App* add_e2e_bench(CLI::App& bench, E2EBenchFlags& flags) {
   cmd->add_option("--threads", flags.threads, "worker threads")->capture_default_str();
   cmd->add_option("--repeats", flags.repeats, "runs per side (medians)")->capture_default_str();
   cmd->add_flag("--json", flags.json, "print one JSON object");
+  cmd->add_option("--compare-model", flags.compare_models,
+                  "another checkpoint (directory or .gguf) measured against --model in the same "
+                  "run, quantized KV on both (repeatable)");
   flags.kv.kv_bits = "3.5";
   flags.kv.add_to(*cmd);
   return cmd;
@@ -101,6 +210,7 @@ int run_e2e_bench(const E2EBenchFlags& flags) {
   }
   const ResolvedKV quant = resolve_kv_options(flags.kv.options());
   set_num_threads(flags.threads);
+  if (!flags.compare_models.empty()) return run_weights_comparison(flags, quant);
   std::unique_ptr<Model> model = Model::load(flags.model_dir);
   std::mt19937 gen(0);
   std::uniform_int_distribution<int32_t> token(0, model->info().vocab_size - 1);
