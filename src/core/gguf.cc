@@ -193,6 +193,7 @@ void read_value(Cursor& in, uint32_t kind, const std::string& what, const std::s
 bool is_gguf_file(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return false;
+  if (path.ends_with(".gguf")) return true;
   std::ifstream in(path, std::ios::binary);
   char magic[4] = {};
   in.read(magic, 4);

@@ -92,7 +92,7 @@ struct GgufTensor {
   std::string shape_string() const;  // "[cols, rows]" in file order
 };
 
-// True when path names a regular file that starts with the GGUF magic.
+// True when path names a regular file named *.gguf or starting with the GGUF magic.
 bool is_gguf_file(const std::string& path);
 
 class GgufFile {
