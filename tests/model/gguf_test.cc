@@ -2,13 +2,15 @@
 // converter writes them (tensor names, metadata, q/k rows permuted for llama/mistral, gemma
 // norms stored as 1 + w) must reproduce transformers' logits and greedy tokens; every broken
 // file fails with a typed error naming the file and what is wrong; randomly mutated files end
-// in clean errors only. With ../shared present, the llama.cpp-quantized tinycode files and the
-// MLX checkpoints are checked against their references (logits from gguf-py / numpy).
+// in clean errors only. With TURBOKV_SHARED_DIR naming the shared data folder, the
+// llama.cpp-quantized tinycode files and the MLX checkpoints are checked against their
+// references (logits from gguf-py / numpy).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -343,7 +345,9 @@ TEST(GgufErrors, MutatedFilesEndInCleanErrors) {
 class SharedQuantized : public ::testing::TestWithParam<std::pair<const char*, const char*>> {};
 
 TEST_P(SharedQuantized, LogitsAndGreedyTokensMatchReference) {
-  const std::string shared = TURBOKV_SHARED_DIR;
+  const char* shared_env = std::getenv("TURBOKV_SHARED_DIR");
+  if (shared_env == nullptr) GTEST_SKIP() << "TURBOKV_SHARED_DIR (the shared data folder) not set";
+  const std::string shared = shared_env;
   const std::string model = shared + "/" + GetParam().first;
   const std::string ref = shared + "/" + GetParam().second;
   if (!fs::exists(model) || !fs::exists(ref)) GTEST_SKIP() << model << " not present";
