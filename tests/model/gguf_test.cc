@@ -342,6 +342,13 @@ TEST(GgufErrors, MutatedFilesEndInCleanErrors) {
 
 // ../shared references: llama.cpp-quantized GGUF files (logits from gguf-py's dequantization)
 // and MLX affine checkpoints (numpy forward on the dequantized weights).
+std::string shared_case_name(
+    const ::testing::TestParamInfo<std::pair<const char*, const char*>>& info) {
+  static const char* const kNames[] = {"gguf_bf16",   "gguf_q8_0", "gguf_q4_0",
+                                       "gguf_q4_k_m", "mlx4",      "mlx8"};
+  return kNames[info.index];
+}
+
 class SharedQuantized : public ::testing::TestWithParam<std::pair<const char*, const char*>> {};
 
 TEST_P(SharedQuantized, LogitsAndGreedyTokensMatchReference) {
@@ -369,7 +376,8 @@ INSTANTIATE_TEST_SUITE_P(
                   "models/tinycode-llama-gguf/tinycode-llama-q4_k_m.reference.safetensors"},
         std::pair{"models/tinycode-llama-mlx4", "models/tinycode-llama-mlx4/reference.safetensors"},
         std::pair{"models/tinycode-llama-mlx8",
-                  "models/tinycode-llama-mlx8/reference.safetensors"}));
+                  "models/tinycode-llama-mlx8/reference.safetensors"}),
+    shared_case_name);
 
 }  // namespace
 }  // namespace turbokv
