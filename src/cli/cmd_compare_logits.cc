@@ -90,7 +90,8 @@ int compare_logits_main(int argc, char** argv) {
     Model::Chunk step{&ids[size_t(t)], 1, &step_caches, row.data(), false};
     model->forward({&step, 1});
     const float* w = want.data() + size_t(t) * V;
-    for (int v = 0; v < V; ++v) step_max_diff = std::max(step_max_diff, double(std::abs(row[v] - w[v])));
+    for (int v = 0; v < V; ++v)
+      step_max_diff = std::max(step_max_diff, double(std::abs(row[v] - w[v])));
     step_kl_sum += kl_divergence(w, row.data(), V);
   }
   std::vector<int64_t> greedy;
@@ -108,17 +109,18 @@ int compare_logits_main(int argc, char** argv) {
   const double rel = max_ref > 0 ? max_diff / max_ref : max_diff;
   const char* mode = int8_activations_enabled() ? "int8" : "f32";
   if (json) {
-    const nlohmann::json out = {{"model", model_dir},
-                                {"reference", reference},
-                                {"activations", mode},
-                                {"positions", n},
-                                {"max_abs_diff", max_diff},
-                                {"max_rel_diff", rel},
-                                {"kl_mean", kl_sum / n},
-                                {"decode_max_rel_diff", max_ref > 0 ? step_max_diff / max_ref : step_max_diff},
-                                {"decode_kl_mean", step_kl_sum / n},
-                                {"greedy_agree", agree},
-                                {"greedy_total", generated.size()}};
+    const nlohmann::json out = {
+        {"model", model_dir},
+        {"reference", reference},
+        {"activations", mode},
+        {"positions", n},
+        {"max_abs_diff", max_diff},
+        {"max_rel_diff", rel},
+        {"kl_mean", kl_sum / n},
+        {"decode_max_rel_diff", max_ref > 0 ? step_max_diff / max_ref : step_max_diff},
+        {"decode_kl_mean", step_kl_sum / n},
+        {"greedy_agree", agree},
+        {"greedy_total", generated.size()}};
     std::printf("%s\n", out.dump().c_str());
   } else {
     std::printf(
@@ -126,9 +128,9 @@ int compare_logits_main(int argc, char** argv) {
         "prefill: positions %d  max |diff| %.3g  relative %.3g  mean KL %.3g\n"
         "decode:  positions %d  max |diff| %.3g  relative %.3g  mean KL %.3g\n"
         "greedy %zu/%zu agree\n",
-        model_dir.c_str(), reference.c_str(), mode, n, max_diff, rel, kl_sum / n, n,
-        step_max_diff, max_ref > 0 ? step_max_diff / max_ref : step_max_diff, step_kl_sum / n,
-        agree, generated.size());
+        model_dir.c_str(), reference.c_str(), mode, n, max_diff, rel, kl_sum / n, n, step_max_diff,
+        max_ref > 0 ? step_max_diff / max_ref : step_max_diff, step_kl_sum / n, agree,
+        generated.size());
   }
   return 0;
 }

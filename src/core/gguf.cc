@@ -92,7 +92,7 @@ uint64_t min_value_bytes(uint32_t kind) {
 }
 
 const char* kind_name(uint32_t kind) {
-  static const char* const kNames[] = {"u8",  "i8",     "u16",   "i16", "u32", "i32", "f32",
+  static const char* const kNames[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
                                        "bool", "string", "array", "u64", "i64", "f64"};
   return kind < 13 ? kNames[kind] : "unknown";
 }
@@ -132,7 +132,8 @@ void read_scalar(Cursor& in, uint32_t kind, const std::string& what, const std::
     }
     case GgufValue::kBool: {
       const uint8_t b = in.read<uint8_t>(what);
-      if (b > 1) throw FormatError(str_cat(path, ": ", what, " is bool ", int(b), ", expected 0 or 1"));
+      if (b > 1)
+        throw FormatError(str_cat(path, ": ", what, " is bool ", int(b), ", expected 0 or 1"));
       v.integer = b;
       break;
     }
@@ -143,8 +144,8 @@ void read_scalar(Cursor& in, uint32_t kind, const std::string& what, const std::
       v.real = in.read<double>(what);
       return;
     default:
-      throw FormatError(str_cat(path, ": ", what, " has unknown value type ", kind,
-                                " (known: 0..12)"));
+      throw FormatError(
+          str_cat(path, ": ", what, " has unknown value type ", kind, " (known: 0..12)"));
   }
   v.real = double(v.integer);
 }
@@ -165,8 +166,8 @@ void read_value(Cursor& in, uint32_t kind, const std::string& what, const std::s
   }
   const uint32_t element = in.read<uint32_t>(what + " element type");
   if (min_value_bytes(element) == 0) {
-    throw FormatError(str_cat(path, ": ", what, " has unknown element type ", element,
-                              " (known: 0..12)"));
+    throw FormatError(
+        str_cat(path, ": ", what, " has unknown element type ", element, " (known: 0..12)"));
   }
   const uint64_t n = in.read<uint64_t>(what + " length");
   in.check_count(n, min_value_bytes(element), what + " length");
@@ -331,8 +332,8 @@ GgufFile GgufFile::open(const std::string& path) {
     const std::string what = str_cat("tensor '", t.name, "'");
     const uint32_t n_dims = in.read<uint32_t>(what + " dimension count");
     if (n_dims < 1 || n_dims > kMaxDims) {
-      throw FormatError(str_cat(path, ": ", what, " has ", n_dims, " dimensions, expected 1..",
-                                kMaxDims));
+      throw FormatError(
+          str_cat(path, ": ", what, " has ", n_dims, " dimensions, expected 1..", kMaxDims));
     }
     uint64_t numel = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
@@ -397,8 +398,8 @@ namespace {
 
 [[noreturn]] void wrong_kind(const std::string& path, const std::string& key, const GgufValue& v,
                              const char* expected) {
-  throw FormatError(str_cat(path, ": metadata '", key, "' is ", gguf_kind_name(v), ", expected ",
-                            expected));
+  throw FormatError(
+      str_cat(path, ": metadata '", key, "' is ", gguf_kind_name(v), ", expected ", expected));
 }
 
 }  // namespace

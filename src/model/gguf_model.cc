@@ -32,8 +32,8 @@ const Arch& find_arch(const GgufFile& f) {
     if (*name == a.gguf) return a;
     names += str_cat(names.empty() ? "" : ", ", a.gguf);
   }
-  throw Unsupported(str_cat(f.path(), ": architecture '", *name,
-                            "' is not supported (supported: ", names, ")"));
+  throw Unsupported(
+      str_cat(f.path(), ": architecture '", *name, "' is not supported (supported: ", names, ")"));
 }
 
 }  // namespace
@@ -54,8 +54,8 @@ nlohmann::json gguf_model_config_json(const GgufFile& f) {
   j["num_attention_heads"] = require("attention.head_count");
   const int64_t heads = j["num_attention_heads"];
   j["num_key_value_heads"] = f.get_int(p + "attention.head_count_kv").value_or(heads);
-  const int64_t head_dim =
-      f.get_int(p + "attention.key_length").value_or(heads > 0 ? j["hidden_size"].get<int64_t>() / heads : 0);
+  const int64_t head_dim = f.get_int(p + "attention.key_length")
+                               .value_or(heads > 0 ? j["hidden_size"].get<int64_t>() / heads : 0);
   j["head_dim"] = head_dim;
   if (auto v = f.get_int(p + "context_length")) j["max_position_embeddings"] = *v;
   if (auto v = f.get_number(p + "attention.layer_norm_rms_epsilon")) j["rms_norm_eps"] = *v;
@@ -64,8 +64,9 @@ nlohmann::json gguf_model_config_json(const GgufFile& f) {
     j["partial_rotary_factor"] = double(*dims) / double(head_dim);
   }
   if (f.find_tensor("rope_freqs.weight") != nullptr) {
-    throw Unsupported(str_cat(f.path(), ": tensor 'rope_freqs.weight' (per-dimension RoPE "
-                                        "frequency factors) is not supported"));
+    throw Unsupported(str_cat(f.path(),
+                              ": tensor 'rope_freqs.weight' (per-dimension RoPE "
+                              "frequency factors) is not supported"));
   }
   if (auto type = f.get_string(p + "rope.scaling.type"); type && *type != "none") {
     if (*type != "linear" && *type != "yarn") {
@@ -81,7 +82,8 @@ nlohmann::json gguf_model_config_json(const GgufFile& f) {
   }
   int64_t vocab = f.get_int(p + "vocab_size").value_or(0);
   if (vocab == 0) {
-    if (const auto* tokens = f.get_strings("tokenizer.ggml.tokens")) vocab = int64_t(tokens->size());
+    if (const auto* tokens = f.get_strings("tokenizer.ggml.tokens"))
+      vocab = int64_t(tokens->size());
   }
   if (vocab == 0) {
     if (const GgufTensor* t = f.find_tensor("token_embd.weight"); t && t->ne.size() == 2) {
@@ -137,8 +139,10 @@ GgufTensorMap gguf_tensor_map(const GgufFile& f, const ModelConfig& c) {
     } else {
       m[hf + "post_attention_layernorm.weight"] = g + "ffn_norm.weight";
     }
-    const std::pair<const char*, const char*> attn[] = {
-        {"q_proj", "attn_q"}, {"k_proj", "attn_k"}, {"v_proj", "attn_v"}, {"o_proj", "attn_output"}};
+    const std::pair<const char*, const char*> attn[] = {{"q_proj", "attn_q"},
+                                                        {"k_proj", "attn_k"},
+                                                        {"v_proj", "attn_v"},
+                                                        {"o_proj", "attn_output"}};
     for (const auto& [hf_name, g_name] : attn) {
       m[hf + "self_attn." + hf_name + ".weight"] = g + g_name + ".weight";
       m[hf + "self_attn." + hf_name + ".bias"] = g + g_name + ".bias";

@@ -136,8 +136,7 @@ int64_t WeightStore::total_bytes() const {
 WeightMatrix WeightStore::affine_matrix(const std::string& name, const TensorView& codes,
                                         int64_t rows, int64_t cols) const {
   const std::string& file = tensors_.at(name).second->path();
-  const std::string module =
-      name.ends_with(".weight") ? name.substr(0, name.size() - 7) : name;
+  const std::string module = name.ends_with(".weight") ? name.substr(0, name.size() - 7) : name;
   // What config.json says about this module: (bits, group size), or dense.
   int want_bits = 0, want_group = 0;
   bool listed_dense = false;
@@ -156,12 +155,10 @@ WeightMatrix WeightStore::affine_matrix(const std::string& name, const TensorVie
     }
   }
   if (quantization_.is_null() || listed_dense) {
-    throw FormatError(str_cat("tensor '", name, "' in ", file,
-                              " holds U32 quantized codes but ",
-                              config_path_.empty() ? "the model has no config.json"
-                                                   : config_path_,
-                              listed_dense ? " lists the module as unquantized"
-                                           : " has no \"quantization\" object"));
+    throw FormatError(str_cat(
+        "tensor '", name, "' in ", file, " holds U32 quantized codes but ",
+        config_path_.empty() ? "the model has no config.json" : config_path_,
+        listed_dense ? " lists the module as unquantized" : " has no \"quantization\" object"));
   }
   auto part = [&](const char* suffix) -> const TensorView& {
     const std::string part_name = module + suffix;
@@ -188,13 +185,13 @@ WeightMatrix WeightStore::affine_matrix(const std::string& name, const TensorVie
   const int bits = shape_ok ? int(packed * 32 / cols) : 0;
   const int group = shape_ok ? int(cols / groups) : 0;
   if (!shape_ok || bits != want_bits || group != want_group) {
-    throw FormatError(str_cat(
-        "MLX quantized tensor '", name, "' in ", file, ": codes ", codes.shape_string(),
-        ", scales ", scales.shape_string(), " ", dtype_name(scales.dtype), ", biases ",
-        biases.shape_string(), " ", dtype_name(biases.dtype), " do not hold a [", rows, ", ",
-        cols, "] matrix at ", want_bits, " bits in groups of ", want_group,
-        " (expected codes [", rows, ", ", cols * want_bits / 32, "], scales and biases [", rows,
-        ", ", want_group > 0 ? cols / want_group : 0, "] of one dtype)"));
+    throw FormatError(
+        str_cat("MLX quantized tensor '", name, "' in ", file, ": codes ", codes.shape_string(),
+                ", scales ", scales.shape_string(), " ", dtype_name(scales.dtype), ", biases ",
+                biases.shape_string(), " ", dtype_name(biases.dtype), " do not hold a [", rows,
+                ", ", cols, "] matrix at ", want_bits, " bits in groups of ", want_group,
+                " (expected codes [", rows, ", ", cols * want_bits / 32, "], scales and biases [",
+                rows, ", ", want_group > 0 ? cols / want_group : 0, "] of one dtype)"));
   }
   WeightMatrix w{scales.dtype, codes.data, rows, cols};
   w.format = WeightFormat::kAffine;
@@ -255,9 +252,9 @@ WeightMatrix WeightStore::gguf_matrix(const std::string& name, int64_t rows, int
   auto it = gguf_map_.hf_to_gguf.find(name);
   const GgufTensor* t = it == gguf_map_.hf_to_gguf.end() ? nullptr : gguf_->find_tensor(it->second);
   if (t == nullptr) {
-    throw FormatError(str_cat(gguf_->path(), ": tensor '",
-                              it == gguf_map_.hf_to_gguf.end() ? name : it->second,
-                              "' (expected shape [", cols, ", ", rows, "] in GGUF order) is missing"));
+    throw FormatError(
+        str_cat(gguf_->path(), ": tensor '", it == gguf_map_.hf_to_gguf.end() ? name : it->second,
+                "' (expected shape [", cols, ", ", rows, "] in GGUF order) is missing"));
   }
   if (t->ne != std::vector<int64_t>{cols, rows}) {
     throw FormatError(str_cat(gguf_->path(), ": tensor '", t->name, "' has shape ",
@@ -303,8 +300,8 @@ std::vector<float> WeightStore::gguf_vector(const std::string& name, int64_t n) 
   if (t->ne != std::vector<int64_t>{n} || !gguf_format(t->type, &format, &dtype) ||
       format != WeightFormat::kDense) {
     throw FormatError(str_cat(gguf_->path(), ": tensor '", t->name, "' is ",
-                              gguf_type_name(t->type), " ", t->shape_string(), ", expected F32, F16 or BF16 [",
-                              n, "]"));
+                              gguf_type_name(t->type), " ", t->shape_string(),
+                              ", expected F32, F16 or BF16 [", n, "]"));
   }
   std::vector<float> out(static_cast<size_t>(n));
   widen_rows_ref(WeightMatrix{dtype, t->data, 1, n}, 0, 1, out.data());
@@ -321,8 +318,7 @@ std::vector<float> WeightStore::gguf_vector(const std::string& name, int64_t n) 
   return out;
 }
 
-void un_permute_rows(const uint8_t* src, int64_t rows, int64_t row_bytes, int heads,
-                     uint8_t* dst) {
+void un_permute_rows(const uint8_t* src, int64_t rows, int64_t row_bytes, int heads, uint8_t* dst) {
   const int64_t hd = rows / heads, half = hd / 2;
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t i = 0; i < 2; ++i) {

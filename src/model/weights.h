@@ -64,7 +64,6 @@ class WeightStore {
 
 // Rows of a matrix written by llama.cpp's converter for q/k: within each of `heads` heads of
 // hd rows, row 2j + i holds the original row i·hd/2 + j. Writes the original order.
-void un_permute_rows(const uint8_t* src, int64_t rows, int64_t row_bytes, int heads,
-                     uint8_t* dst);
+void un_permute_rows(const uint8_t* src, int64_t rows, int64_t row_bytes, int heads, uint8_t* dst);
 
 }  // namespace turbokv

@@ -107,9 +107,8 @@ nlohmann::json gguf_tokenizer_json(const GgufFile& f) {
   const std::vector<double>* types_ptr = f.get_numbers("tokenizer.ggml.token_type");
   const std::vector<double>& types = types_ptr ? *types_ptr : no_numbers;
   if (!types.empty() && types.size() != tokens->size()) {
-    throw FormatError(str_cat(f.path(), ": metadata 'tokenizer.ggml.token_type' has ",
-                              types.size(), " entries, expected one per token (", tokens->size(),
-                              ")"));
+    throw FormatError(str_cat(f.path(), ": metadata 'tokenizer.ggml.token_type' has ", types.size(),
+                              " entries, expected one per token (", tokens->size(), ")"));
   }
   nlohmann::json vocab = nlohmann::json::object();
   nlohmann::json added = nlohmann::json::array();
@@ -128,21 +127,22 @@ nlohmann::json gguf_tokenizer_json(const GgufFile& f) {
   }
   nlohmann::json root;
   root["added_tokens"] = added;
-  nlohmann::json bpe = {{"type", "BPE"}, {"vocab", vocab}, {"fuse_unk", false},
-                        {"byte_fallback", false}};
+  nlohmann::json bpe = {
+      {"type", "BPE"}, {"vocab", vocab}, {"fuse_unk", false}, {"byte_fallback", false}};
   if (*model == "gpt2") {
     const std::vector<std::string>* merges = f.get_strings("tokenizer.ggml.merges");
     if (merges == nullptr) {
-      throw FormatError(str_cat(f.path(), ": metadata 'tokenizer.ggml.merges' is missing (a gpt2 "
-                                          "tokenizer needs its merges)"));
+      throw FormatError(str_cat(f.path(),
+                                ": metadata 'tokenizer.ggml.merges' is missing (a gpt2 "
+                                "tokenizer needs its merges)"));
     }
     nlohmann::json pairs = nlohmann::json::array();
     for (size_t i = 0; i < merges->size(); ++i) {
       const std::string& m = (*merges)[i];
       const size_t space = m.find(' ', 1);
       if (space == std::string::npos) {
-        throw FormatError(str_cat(f.path(), ": metadata 'tokenizer.ggml.merges' entry ", i, " '",
-                                  m, "' is not two tokens separated by a space"));
+        throw FormatError(str_cat(f.path(), ": metadata 'tokenizer.ggml.merges' entry ", i, " '", m,
+                                  "' is not two tokens separated by a space"));
       }
       pairs.push_back({m.substr(0, space), m.substr(space + 1)});
     }
@@ -181,7 +181,8 @@ nlohmann::json gguf_tokenizer_json(const GgufFile& f) {
     root["normalizer"] = {{"type", "Sequence"}, {"normalizers", steps}};
     root["pre_tokenizer"] = nullptr;
     nlohmann::json decoders = nlohmann::json::array();
-    decoders.push_back({{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}});
+    decoders.push_back(
+        {{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}});
     decoders.push_back({{"type", "ByteFallback"}});
     decoders.push_back({{"type", "Fuse"}});
     if (f.get_bool("tokenizer.ggml.add_space_prefix").value_or(true)) {
@@ -216,9 +217,9 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const GgufFile& f) {
       f.get_bool("tokenizer.ggml.add_bos_token").value_or(is_llama) && config.bos_token;
   config.chat_template = f.get_string("tokenizer.chat_template").value_or("");
   for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"}) {
-    if (auto id = f.get_int(key); id && std::find(config.eos_token_ids.begin(),
-                                                  config.eos_token_ids.end(),
-                                                  int32_t(*id)) == config.eos_token_ids.end()) {
+    if (auto id = f.get_int(key);
+        id && std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), int32_t(*id)) ==
+                  config.eos_token_ids.end()) {
       config.eos_token_ids.push_back(int32_t(*id));
     }
   }

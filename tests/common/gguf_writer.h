@@ -13,7 +13,15 @@ namespace turbokv::testing {
 
 class GgufWriter {
  public:
-  enum Kind : uint32_t { kU8 = 0, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7, kString = 8, kArray = 9 };
+  enum Kind : uint32_t {
+    kU8 = 0,
+    kU32 = 4,
+    kI32 = 5,
+    kF32 = 6,
+    kBool = 7,
+    kString = 8,
+    kArray = 9
+  };
 
   void add_u32(const std::string& key, uint32_t v) { scalar(key, kU32, &v, 4); }
   void add_i32(const std::string& key, int32_t v) { scalar(key, kI32, &v, 4); }
@@ -79,8 +87,8 @@ class GgufWriter {
 
   void write(const std::string& path, uint64_t alignment = 32) const {
     const std::vector<uint8_t> b = bytes(alignment);
-    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(b.data()),
-                                                std::streamsize(b.size()));
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
   }
 
  private:

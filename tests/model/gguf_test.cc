@@ -5,26 +5,26 @@
 // in clean errors only. With TURBOKV_SHARED_DIR naming the shared data folder, the
 // llama.cpp-quantized tinycode files and the MLX checkpoints are checked against their
 // references (logits from gguf-py / numpy).
-#include <gtest/gtest.h>
+#include "core/gguf.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 
 #include "core/error.h"
-#include "core/gguf.h"
 #include "core/half.h"
 #include "core/safetensors.h"
 #include "core/text_file.h"
 #include "model/model.h"
-#include "tests/common/gguf_writer.h"
 #include "test_util.h"
+#include "tests/common/gguf_writer.h"
 
 namespace turbokv {
 namespace {
@@ -106,9 +106,9 @@ void convert_fixture(const std::string& family, const std::string& path) {
   w.add_u32(p + "vocab_size", c["vocab_size"]);
   w.add_f32(p + "attention.layer_norm_rms_epsilon", c["rms_norm_eps"]);
   const nlohmann::json& rope = c["rope_parameters"];
-  w.add_f32(p + "rope.freq_base",
-            rope.contains("full_attention") ? rope["full_attention"]["rope_theta"].get<float>()
-                                            : rope["rope_theta"].get<float>());
+  w.add_f32(p + "rope.freq_base", rope.contains("full_attention")
+                                      ? rope["full_attention"]["rope_theta"].get<float>()
+                                      : rope["rope_theta"].get<float>());
   if (c.contains("sliding_window") && c["sliding_window"].is_number()) {
     w.add_u32(p + "attention.sliding_window", c["sliding_window"]);
   }
@@ -130,7 +130,8 @@ void convert_fixture(const std::string& family, const std::string& path) {
     }
     const int64_t rows = t.shape.size() == 2 ? t.shape[0] : int64_t(v.size());
     const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
-    if (permute && name.find("attn_q.") != std::string::npos) v = permute_rows(v, rows, cols, heads);
+    if (permute && name.find("attn_q.") != std::string::npos)
+      v = permute_rows(v, rows, cols, heads);
     if (permute && name.find("attn_k.") != std::string::npos) {
       v = permute_rows(v, rows, cols, kv_heads);
     }

@@ -14,6 +14,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/rope.h"
+#include "tests/common/compare.h"
 #include "tests/common/random.h"
 
 namespace turbokv {
@@ -40,16 +41,7 @@ StoredWeight store(const std::vector<float>& values, int64_t rows, int64_t cols,
   return s;
 }
 
-// Max |a - b| relative to the largest |b|.
-float relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-  float max_diff = 0, max_ref = 1e-30f;
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_TRUE(std::isfinite(a[i])) << i;
-    max_diff = std::max(max_diff, std::abs(a[i] - b[i]));
-    max_ref = std::max(max_ref, std::abs(b[i]));
-  }
-  return max_diff / max_ref;
-}
+using testing::relative_error;
 
 struct MatmulCase {
   DType dtype;

@@ -13,6 +13,7 @@
 #include "core/half.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/qmatmul_avx2.h"
+#include "tests/common/compare.h"
 #include "tests/common/random.h"
 
 namespace turbokv {
@@ -65,7 +66,7 @@ TEST(QuantBlocks, Q4_0) {
 
 TEST(QuantBlocks, Q5_0) {
   std::vector<uint8_t> b(22, 0);
-  put_u16(b, 0, 0x3800);  // d = 0.5
+  put_u16(b, 0, 0x3800);            // d = 0.5
   const uint32_t qh = 0x80010001u;  // bit 4 set for values 0, 16 and 31
   std::memcpy(b.data() + 2, &qh, 4);
   b[6] = 0x3A;
@@ -101,17 +102,17 @@ TEST(QuantBlocks, Q4_K) {
 
 TEST(QuantBlocks, Q6_K) {
   std::vector<uint8_t> b(210, 0);
-  put_u16(b, 208, 0x3800);  // d = 0.5
-  b[192 + 0] = 2;           // scale of values 0..15
+  put_u16(b, 208, 0x3800);   // d = 0.5
+  b[192 + 0] = 2;            // scale of values 0..15
   b[192 + 5] = uint8_t(-3);  // scale of values 80..95
-  b[0] = 0x05;              // value 0: low 4 bits 5
-  b[128 + 0] = 0x02;        //          high 2 bits 2 -> q = 37
-  b[16] = 0xC0;             // value 80 (quarter 2, lane 16): high nibble of ql[16] = 12
-  b[128 + 16] = 0x10;       //          bits 4-5 of qh[16] = 1 -> q = 28
+  b[0] = 0x05;               // value 0: low 4 bits 5
+  b[128 + 0] = 0x02;         //          high 2 bits 2 -> q = 37
+  b[16] = 0xC0;              // value 80 (quarter 2, lane 16): high nibble of ql[16] = 12
+  b[128 + 16] = 0x10;        //          bits 4-5 of qh[16] = 1 -> q = 28
   const std::vector<float> y = dequant(quantized(WeightFormat::kQ6_K, b, 1, 256));
-  EXPECT_EQ(y[0], 5.0f);   // 0.5 * 2 * (37 - 32)
+  EXPECT_EQ(y[0], 5.0f);    // 0.5 * 2 * (37 - 32)
   EXPECT_EQ(y[1], -32.0f);  // 0.5 * 2 * (0 - 32)
-  EXPECT_EQ(y[80], 6.0f);  // 0.5 * -3 * (28 - 32)
+  EXPECT_EQ(y[80], 6.0f);   // 0.5 * -3 * (28 - 32)
   EXPECT_EQ(y[81], 48.0f);  // 0.5 * -3 * (0 - 32)
 }
 
@@ -176,15 +177,7 @@ RandomWeight random_weight(WeightFormat format, int bits, int64_t rows, int64_t 
   return r;
 }
 
-float relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-  float max_diff = 0, max_ref = 1e-30f;
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_TRUE(std::isfinite(a[i])) << i;
-    max_diff = std::max(max_diff, std::abs(a[i] - b[i]));
-    max_ref = std::max(max_ref, std::abs(b[i]));
-  }
-  return max_diff / max_ref;
-}
+using testing::relative_error;
 
 struct FormatCase {
   WeightFormat format;
@@ -203,7 +196,8 @@ TEST_P(QuantMatmul, FastPathWithinInt8RoundingOfReference) {
     matmul_ref(x.data(), m, r.w, nullptr, want.data());
     // int8 activations round each value by up to half a step of max|x|/127 per 32.
     const float tolerance = m < 8 && int8_activations_enabled() ? 3e-2f : 1e-4f;
-    EXPECT_LE(relative_error(y, want), tolerance) << weight_format_name(GetParam().format) << " m=" << m;
+    EXPECT_LE(relative_error(y, want), tolerance)
+        << weight_format_name(GetParam().format) << " m=" << m;
   }
 }
 
@@ -218,18 +212,17 @@ TEST_P(QuantMatmul, Avx2IntegerKernelEqualsScalarReference) {
     std::vector<float> y(size_t(m * rows)), want(y.size());
     avx2::qmatmul_rows(xq, r.w, 0, rows, y.data());
     qmatmul_rows_ref(xq, r.w, 0, rows, want.data());
-    EXPECT_LE(relative_error(y, want), 1e-5f) << weight_format_name(GetParam().format) << " m=" << m;
+    EXPECT_LE(relative_error(y, want), 1e-5f)
+        << weight_format_name(GetParam().format) << " m=" << m;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, QuantMatmul,
-                         ::testing::Values(FormatCase{WeightFormat::kQ8_0, 0},
-                                           FormatCase{WeightFormat::kQ4_0, 0},
-                                           FormatCase{WeightFormat::kQ5_0, 0},
-                                           FormatCase{WeightFormat::kQ4_K, 0},
-                                           FormatCase{WeightFormat::kQ6_K, 0},
-                                           FormatCase{WeightFormat::kAffine, 4},
-                                           FormatCase{WeightFormat::kAffine, 8}));
+INSTANTIATE_TEST_SUITE_P(
+    Formats, QuantMatmul,
+    ::testing::Values(FormatCase{WeightFormat::kQ8_0, 0}, FormatCase{WeightFormat::kQ4_0, 0},
+                      FormatCase{WeightFormat::kQ5_0, 0}, FormatCase{WeightFormat::kQ4_K, 0},
+                      FormatCase{WeightFormat::kQ6_K, 0}, FormatCase{WeightFormat::kAffine, 4},
+                      FormatCase{WeightFormat::kAffine, 8}));
 
 // The int8 activation blocks: q within one step of x / d, d = max|x| / 127, and the nibble
 // order of MLX 4-bit weights is a permutation of each 32-window (evens, then odds).

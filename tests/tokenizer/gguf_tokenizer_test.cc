@@ -2,8 +2,9 @@
 // keys llama.cpp's converter writes (tokens, token types, merges or SentencePiece scores,
 // pre-tokenizer name) must give the HF `tokenizers` ids and text of tokenizer-cases.json.
 // Unknown pre-tokenizer names and tokenizer models are Unsupported, naming the value.
-#include <gtest/gtest.h>
+#include "tokenizer/gguf_tokenizer.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -14,7 +15,6 @@
 #include "core/gguf.h"
 #include "core/text_file.h"
 #include "tests/common/gguf_writer.h"
-#include "tokenizer/gguf_tokenizer.h"
 
 namespace turbokv {
 namespace {

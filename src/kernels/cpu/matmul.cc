@@ -52,8 +52,8 @@ void gemm_rows(const float* x, int64_t m, const WeightMatrix& w, int64_t begin, 
 
 // Output features [begin, end) of a quantized product with f32 activations and few rows:
 // weight rows dequantized panel by panel, then the f32 dot products.
-void dequantized_rows(const float* x, int64_t m, const WeightMatrix& w, int64_t begin,
-                      int64_t end, float* y) {
+void dequantized_rows(const float* x, int64_t m, const WeightMatrix& w, int64_t begin, int64_t end,
+                      float* y) {
   thread_local std::vector<float> panel, out;  // [kPanelRows, w.cols], [m, kPanelRows]
   for (int64_t p = begin; p < end; p += kPanelRows) {
     const int64_t rows = std::min(kPanelRows, end - p);

@@ -29,8 +29,8 @@ struct WeightMatrix {
   WeightMatrix(DType dtype_, const uint8_t* data_, int64_t rows_, int64_t cols_)
       : dtype(dtype_), data(data_), rows(rows_), cols(cols_) {}
 
-  DType dtype = DType::F32;  // kDense: the element type; quantized: the type the values
-                             // round to when a model rounds a constant "to the weights' dtype"
+  DType dtype = DType::F32;       // kDense: the element type; quantized: the type the values
+                                  // round to when a model rounds a constant "to the weights' dtype"
   const uint8_t* data = nullptr;  // kDense: [rows, cols] elements of dtype; GGUF blocks:
                                   // [rows, cols / block_elems] blocks; kAffine: [rows,
                                   // cols * bits / 32] uint32 words of LSB-first codes

@@ -168,7 +168,8 @@ void row_q6_k(const uint8_t* row, const Rows& x, __m256* acc, float*) {
       const __m256i high =
           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hsrc, 2 * r), two_bits), 4);
       const __m256i w = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
-      const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
+      const __m256i scales =
+          _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
       const int64_t c = 8 * sb + j;
       for (int i = 0; i < M; ++i) {
         const __m256i s = dot_signed_scaled(w, load32(x.xq(i, c)), scales);

@@ -199,8 +199,8 @@ void check_weight_dtype(const WeightMatrix& w) {
           str_cat("MLX affine weight has ", a.bits, " bits (supported: 2, 4, 8)"));
     }
     if (a.group_size != 32 && a.group_size != 64 && a.group_size != 128) {
-      throw InvalidArgument(str_cat("MLX affine weight has group size ", a.group_size,
-                                    " (supported: 32, 64, 128)"));
+      throw InvalidArgument(
+          str_cat("MLX affine weight has group size ", a.group_size, " (supported: 32, 64, 128)"));
     }
     if (a.scale_dtype != DType::F16 && a.scale_dtype != DType::BF16) {
       throw InvalidArgument(str_cat("MLX affine scales have dtype ", dtype_name(a.scale_dtype),
@@ -306,8 +306,7 @@ void qmatmul_rows_ref(const ActivationBlocks& x, const WeightMatrix& w, int64_t 
     for (int64_t i = 0; i < x.m; ++i) {
       double sum = 0;
       for (int64_t k = 0; k < w.cols; ++k) {
-        const double xk =
-            double(x.d[size_t((i * w.cols + k) / 32)]) * x.q[size_t(i * w.cols + k)];
+        const double xk = double(x.d[size_t((i * w.cols + k) / 32)]) * x.q[size_t(i * w.cols + k)];
         sum += xk * row[size_t(natural_index(k, x.nibble_order))];
       }
       y[i * w.rows + n] = float(sum);
