@@ -33,6 +33,8 @@ struct ResolvedKV {
   uint64_t seed = 0;
   bool norm_correction = true;
   bool last_layer_dense = true;
+
+  bool operator==(const ResolvedKV&) const = default;
 };
 
 }  // namespace turbokv

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -29,7 +30,10 @@ class ByteWriter {
     put<uint32_t>(static_cast<uint32_t>(s.size()));
     bytes(s.data(), s.size());
   }
+  void reserve(size_t n) { buffer_.reserve(n); }
   const std::vector<uint8_t>& buffer() const { return buffer_; }
+  // Moves the bytes out (the writer is empty after).
+  std::vector<uint8_t> take() { return std::move(buffer_); }
 
  private:
   std::vector<uint8_t> buffer_;

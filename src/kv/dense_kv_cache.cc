@@ -45,16 +45,24 @@ void DenseKVCache::attend(const float* q, int n_q, const AttentionParams& params
   attention_dense(view(), AttentionQueries{q, n_q, size() - n_q}, params, out);
 }
 
-void DenseKVCache::save(ByteWriter& out) const {
+void DenseKVCache::write_state(ByteWriter& out) const {
   write_cache_header(out, "dense", kv_heads_, head_dim_);
   out.string(kv_dtype_name(dtype()));
-  rows_.write(out);
 }
 
-void DenseKVCache::load(ByteReader& in) {
+void DenseKVCache::read_state(ByteReader& in) {
   read_cache_header(in, "dense", kv_heads_, head_dim_);
   expect_same("dense dtype", in.string("dtype"), std::string(kv_dtype_name(dtype())));
-  rows_.read(in, kMaxFileTokens);
+  rows_.drop_newest(rows_.rows());
+}
+
+void DenseKVCache::write_rows(ByteWriter& out, int64_t first, int64_t n) const {
+  check_rows(first, n);
+  rows_.write(out, first, n);
+}
+
+void DenseKVCache::read_rows(ByteReader& in, int64_t n) {
+  rows_.read_append(in, n);
 }
 
 RotatingKVCache::RotatingKVCache(int kv_heads, int head_dim, int window, KVDType dtype)
@@ -101,24 +109,54 @@ void RotatingKVCache::attend(const float* q, int n_q, const AttentionParams& par
   attention_dense(view(), AttentionQueries{q, n_q, size_ - n_q}, windowed, out);
 }
 
-void RotatingKVCache::save(ByteWriter& out) const {
+void RotatingKVCache::write_state(ByteWriter& out) const {
   write_cache_header(out, "rotating", kv_heads_, head_dim_);
   out.string(kv_dtype_name(dtype()));
   out.put<int32_t>(window_);
-  out.put<int64_t>(size_);
-  rows_.write(out);
 }
 
-void RotatingKVCache::load(ByteReader& in) {
+void RotatingKVCache::read_state(ByteReader& in) {
   read_cache_header(in, "rotating", kv_heads_, head_dim_);
   expect_same("rotating dtype", in.string("dtype"), std::string(kv_dtype_name(dtype())));
   expect_same("sliding window", in.get<int32_t>("window"), window_);
-  const int64_t size = in.get<int64_t>("positions");
-  if (size < 0 || size > kMaxFileTokens) {
-    throw FormatError(str_cat("cache file: rotating cache position ", size, " is out of range"));
+  rows_.drop_newest(rows_.rows());
+  size_ = 0;
+}
+
+void RotatingKVCache::write_rows(ByteWriter& out, int64_t first, int64_t n) const {
+  check_rows(first, n);
+  const int64_t first_held = size_ - rows_.rows();
+  if (first < first_held) {
+    throw InvalidArgument(str_cat("rows from position ", first,
+                                  " of a sliding-window cache: positions before ", first_held,
+                                  " were evicted (window ", window_, ")"));
   }
-  rows_.read(in, size);
-  size_ = size;
+  rows_.write(out, first - first_held, n);
+}
+
+void RotatingKVCache::read_rows(ByteReader& in, int64_t n) {
+  rows_.read_append(in, n);
+  size_ += n;
+}
+
+void RotatingKVCache::save(ByteWriter& out) const {
+  write_state(out);
+  out.put<int64_t>(size_);
+  out.put<int64_t>(rows_.rows());
+  write_rows(out, size_ - rows_.rows(), rows_.rows());
+}
+
+void RotatingKVCache::load(ByteReader& in) {
+  read_state(in);
+  const int64_t size = in.get<int64_t>("positions");
+  const int64_t held = in.get<int64_t>("positions held");
+  if (size < 0 || size > kMaxFileTokens || held < 0 || held > size ||
+      held < std::min<int64_t>(size, window_ - 1)) {
+    throw FormatError(str_cat("cache file: rotating cache of ", size, " positions holding ", held,
+                              " is out of range"));
+  }
+  size_ = size - held;
+  read_rows(in, held);
 }
 
 }  // namespace turbokv

@@ -21,8 +21,12 @@ class DenseKVCache : public KVCache {
   void trim(int64_t n) override;
   size_t nbytes() const override { return rows_.nbytes(); }
   void attend(const float* q, int n_q, const AttentionParams& params, float* out) const override;
-  void save(ByteWriter& out) const override;
-  void load(ByteReader& in) override;
+  // State: the element type. Rows: keys and values as stored (f32, f16 or bf16).
+  void write_state(ByteWriter& out) const override;
+  void read_state(ByteReader& in) override;
+  void write_rows(ByteWriter& out, int64_t first, int64_t n) const override;
+  void read_rows(ByteReader& in, int64_t n) override;
+  int64_t calibration_tokens() const override { return 0; }
 
   KVDType dtype() const { return rows_.dtype(); }
   DenseKVView view() const { return rows_.view(0); }
@@ -56,6 +60,14 @@ class RotatingKVCache : public KVCache {
   size_t nbytes() const override { return rows_.nbytes(); }
   // params.sliding_window must be 0 (use the cache's) or equal to window().
   void attend(const float* q, int n_q, const AttentionParams& params, float* out) const override;
+  // State: element type and window. Rows exist only for the positions held (the newest ones):
+  // write_rows() of evicted positions is an InvalidArgument, read_rows() appends at size().
+  void write_state(ByteWriter& out) const override;
+  void read_state(ByteReader& in) override;
+  void write_rows(ByteWriter& out, int64_t first, int64_t n) const override;
+  void read_rows(ByteReader& in, int64_t n) override;
+  int64_t calibration_tokens() const override { return 0; }
+  // The record holds the position count and the rows of the positions held.
   void save(ByteWriter& out) const override;
   void load(ByteReader& in) override;
 

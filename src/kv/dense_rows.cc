@@ -96,32 +96,27 @@ void DenseRows::drop_oldest(int64_t n) {
   rows_ -= n;
 }
 
-void DenseRows::write(ByteWriter& out) const {
-  out.put<int64_t>(rows_);
+void DenseRows::write(ByteWriter& out, int64_t first, int64_t n) const {
   for (const auto* buffer : {&keys_, &values_}) {
     for (int h = 0; h < kv_heads_; ++h) {
-      out.bytes(buffer->data() + h * row_bytes() * capacity_, rows_ * row_bytes());
+      out.bytes(buffer->data() + (h * capacity_ + first) * row_bytes(), n * row_bytes());
     }
   }
 }
 
-void DenseRows::read(ByteReader& in, int64_t max_rows) {
-  const int64_t rows = in.get<int64_t>("token count");
-  if (rows < 0 || rows > max_rows) {
-    throw FormatError(str_cat("cache file: token count ", rows, " is not in 0..", max_rows));
-  }
-  if (static_cast<uint64_t>(rows) * row_bytes() * kv_heads_ * 2 > in.remaining()) {
-    throw FormatError(str_cat("cache file is truncated: ", rows, " tokens do not fit in the ",
+void DenseRows::read_append(ByteReader& in, int64_t n) {
+  if (n < 0 || static_cast<uint64_t>(n) * row_bytes() * kv_heads_ * 2 > in.remaining()) {
+    throw FormatError(str_cat("cache file is truncated: ", n, " tokens do not fit in the ",
                               in.remaining(), " bytes left"));
   }
-  rows_ = 0;
-  reserve(rows);
+  reserve(rows_ + n);
   for (auto* buffer : {&keys_, &values_}) {
     for (int h = 0; h < kv_heads_; ++h) {
-      in.bytes(buffer->data() + h * row_bytes() * capacity_, rows * row_bytes(), "dense rows");
+      in.bytes(buffer->data() + (h * capacity_ + rows_) * row_bytes(), n * row_bytes(),
+               "dense rows");
     }
   }
-  rows_ = rows;
+  rows_ += n;
 }
 
 void DenseRows::read_f32(int64_t first, int64_t n, float* k, float* v) const {

@@ -33,10 +33,11 @@ class DenseRows {
 
   DenseKVView view(int64_t first_pos) const;
 
-  // Serialization (kv/cache_file.h): row count, then every head's keys, then values.
-  void write(ByteWriter& out) const;
-  // Replaces the rows; throws FormatError for a row count above max_rows.
-  void read(ByteReader& in, int64_t max_rows);
+  // Serialization (KVCache::write_rows): rows [first, first + n) as every head's keys, then
+  // every head's values. The caller checks the range.
+  void write(ByteWriter& out, int64_t first, int64_t n) const;
+  // Appends n rows recorded by write(); FormatError when the data ends first.
+  void read_append(ByteReader& in, int64_t n);
   // Rows [first, first + n) as f32 into k, v [n, kv_heads, head_dim].
   void read_f32(int64_t first, int64_t n, float* k, float* v) const;
 

@@ -1,7 +1,9 @@
-// Shape checks shared by every cache type (user-input tier: typed errors with messages).
+// Shape checks shared by every cache type (user-input tier: typed errors with messages), and
+// save/load/copy_rows/append_rows built on each type's write_state and write_rows.
 #include "kv/kv_cache.h"
 
 #include "core/error.h"
+#include "kv/byte_io.h"
 
 namespace turbokv {
 
@@ -14,12 +16,64 @@ void check_kv_shape(int kv_heads, int head_dim) {
   }
 }
 
-void KVCache::save(ByteWriter&) const {
-  throw Unsupported(str_cat("a ", type_name(), " cache cannot be saved"));
+void KVCache::write_state(ByteWriter&) const {
+  throw Unsupported(str_cat("a ", type_name(), " cache cannot be saved or copied"));
 }
 
-void KVCache::load(ByteReader&) {
-  throw Unsupported(str_cat("a ", type_name(), " cache cannot be loaded"));
+void KVCache::read_state(ByteReader&) {
+  throw Unsupported(str_cat("a ", type_name(), " cache cannot be loaded or restored"));
+}
+
+void KVCache::write_rows(ByteWriter&, int64_t, int64_t) const {
+  throw Unsupported(str_cat("a ", type_name(), " cache cannot be saved or copied"));
+}
+
+void KVCache::read_rows(ByteReader&, int64_t) {
+  throw Unsupported(str_cat("a ", type_name(), " cache cannot be loaded or restored"));
+}
+
+void KVCache::save(ByteWriter& out) const {
+  write_state(out);
+  out.put<int64_t>(size());
+  write_rows(out, 0, size());
+}
+
+void KVCache::load(ByteReader& in) {
+  read_state(in);
+  const int64_t n = in.get<int64_t>("token count");
+  if (n < 0 || n > kMaxFileTokens) {
+    throw FormatError(str_cat("cache file: token count ", n, " is not in 0..", kMaxFileTokens));
+  }
+  read_rows(in, n);
+}
+
+std::shared_ptr<const KVRows> KVCache::copy_rows(int64_t first, int64_t n) const {
+  ByteWriter out;
+  write_rows(out, first, n);
+  std::vector<uint8_t> bytes = out.take();
+  bytes.shrink_to_fit();
+  return std::make_shared<const KVRowBytes>(n, std::move(bytes));
+}
+
+void KVCache::append_rows(const KVRows& rows) {
+  const auto* copy = dynamic_cast<const KVRowBytes*>(&rows);
+  if (copy == nullptr) {
+    throw InvalidArgument(
+        str_cat("append_rows: a ", type_name(), " cache takes rows copied by a CPU cache"));
+  }
+  ByteReader in(copy->bytes().data(), copy->bytes().size());
+  read_rows(in, copy->tokens());
+  if (in.remaining() != 0) {
+    throw InvalidArgument(str_cat("append_rows: ", in.remaining(), " bytes of the ", copy->tokens(),
+                                  " rows are left over: rows of another cache"));
+  }
+}
+
+void KVCache::check_rows(int64_t first, int64_t n) const {
+  if (first < 0 || n < 0 || first + n > size()) {
+    throw InvalidArgument(
+        str_cat("rows [", first, ", ", first + n, ") are not in a cache of ", size(), " tokens"));
+  }
 }
 
 void KVCache::append_checked(const float* k, const float* v, int n_tokens, int kv_heads,

@@ -32,6 +32,30 @@ struct LayerSpec {
 // AttentionParams (n_heads, scale, logit_softcap, sliding_window) lives with the kernels:
 // kernels/cpu/attention.h.
 
+// An immutable run of a cache's tokens in stored form (KVCache::copy_rows). The prefix cache
+// holds these and hands them to append_rows() of new sequences. nbytes() is the memory the
+// piece keeps alive.
+class KVRows {
+ public:
+  virtual ~KVRows() = default;
+  virtual int64_t tokens() const = 0;
+  virtual size_t nbytes() const = 0;
+};
+
+// The CPU form: a private copy of the tokens' rows, as write_rows() records them.
+class KVRowBytes final : public KVRows {
+ public:
+  KVRowBytes(int64_t tokens, std::vector<uint8_t> bytes)
+      : tokens_(tokens), bytes_(std::move(bytes)) {}
+  int64_t tokens() const override { return tokens_; }
+  size_t nbytes() const override { return bytes_.size(); }
+  const std::vector<uint8_t>& bytes() const { return bytes_; }
+
+ private:
+  int64_t tokens_;
+  std::vector<uint8_t> bytes_;  // write_rows() of the tokens
+};
+
 class KVCache {
  public:
   virtual ~KVCache() = default;
@@ -53,12 +77,44 @@ class KVCache {
   // window of params). out may not alias q.
   virtual void attend(const float* q, int n_q, const AttentionParams& params, float* out) const = 0;
 
-  // Save/load of the whole state (kv/cache_file.h). save() writes the cache's kind, its
-  // configuration and its tokens. load() checks kind and configuration against this cache
-  // (InvalidArgument naming the field that differs), then replaces its state; FormatError for
-  // malformed data. The defaults throw Unsupported.
+  // --- Copies of the stored state: cache files, sessions and the prefix cache ---
+  // A cache's stored state is its *state* plus its *rows*:
+  //  - the state: kind, shape, configuration, and whatever the cache estimated from the tokens
+  //    it saw (split channel orders, ...): all a cache of the same configuration needs to code
+  //    and attend to new tokens exactly as this one does;
+  //  - the rows of tokens [first, first + n): their stored form (codes and norms, group scales,
+  //    dense elements), meaningful only under that state.
+  // write_state() records the state; read_state() checks kind and configuration against this
+  // cache (InvalidArgument naming the field that differs), then empties the cache and installs
+  // the recorded state. write_rows() records tokens [first, first + n) (InvalidArgument outside
+  // the tokens held); read_rows() appends n recorded tokens at size(). FormatError for malformed
+  // data. The defaults throw Unsupported: such a cache cannot be saved, restored or shared.
+  virtual void write_state(ByteWriter& out) const;
+  virtual void read_state(ByteReader& in);
+  virtual void write_rows(ByteWriter& out, int64_t first, int64_t n) const;
+  virtual void read_rows(ByteReader& in, int64_t n);
+
+  // Tokens whose values fixed the data-dependent part of the state: the cache's first
+  // calibration_tokens() tokens, appended in the chunks it saw them in, determine its state (a
+  // split codec's channel order ranked on the first chunk, a conversion at quantized_kv_start).
+  // 0: no such state (yet); the rows of a token depend on that token and the configuration
+  // alone. Rows copied from this cache are exact for another sequence only if that sequence
+  // shares these first tokens, fed in the same chunks (engine/prefix_cache.h relies on it).
+  // A cache type that estimates anything from the tokens must report it here.
+  virtual int64_t calibration_tokens() const = 0;
+
+  // One record of the whole state (kv/cache_file.h): write_state(), the token count, then the
+  // rows of every token; load() reads such a record into this cache.
   virtual void save(ByteWriter& out) const;
   virtual void load(ByteReader& in);
+
+  // Costly (a copy of the rows): tokens [first, first + n) as an immutable piece that
+  // append_rows() of a cache in the same state accepts. The prefix cache keeps these; a cache
+  // whose storage can be shared (a paged device pool) may return a reference instead.
+  virtual std::shared_ptr<const KVRows> copy_rows(int64_t first, int64_t n) const;
+  // Appends the tokens of rows at size(); the cache must be in the state the rows were taken
+  // under (read_state() of the source's state).
+  virtual void append_rows(const KVRows& rows);
 
   // append() for callers that know the shape of k and v: throws InvalidArgument naming the
   // mismatch when kv_heads or head_dim differ from the cache's, or n_tokens < 0.
@@ -70,6 +126,8 @@ class KVCache {
   // Throws InvalidArgument unless 1 <= n_q <= size(), n_heads is a positive multiple of
   // kv_heads(), and the sliding window is not negative.
   void check_attend(const float* q, int n_q, const AttentionParams& params, const float* out) const;
+  // Throws InvalidArgument unless tokens [first, first + n) are held.
+  void check_rows(int64_t first, int64_t n) const;
 };
 
 // Throws InvalidArgument unless 1 <= kv_heads <= 1024 and 1 <= head_dim <= 1024.

@@ -31,25 +31,21 @@ int64_t PackedRows::grow(int64_t n) {
   return first;
 }
 
-void PackedRows::write(ByteWriter& out) const {
-  out.put<int64_t>(rows_);
-  for (int h = 0; h < kv_heads_; ++h) out.bytes(codes(h, 0), rows_ * code_bytes_);
-  for (int h = 0; h < kv_heads_; ++h) out.bytes(aux(h, 0), rows_ * aux_ * sizeof(uint16_t));
+void PackedRows::write(ByteWriter& out, int64_t first, int64_t n) const {
+  for (int h = 0; h < kv_heads_; ++h) out.bytes(codes(h, first), n * code_bytes_);
+  for (int h = 0; h < kv_heads_; ++h) out.bytes(aux(h, first), n * aux_ * sizeof(uint16_t));
 }
 
-void PackedRows::read(ByteReader& in, int64_t max_rows) {
-  const int64_t rows = in.get<int64_t>("token count");
-  if (rows < 0 || rows > max_rows) {
-    throw FormatError(str_cat("cache file: token count ", rows, " is not in 0..", max_rows));
-  }
-  if (static_cast<uint64_t>(rows) * kv_heads_ * (code_bytes_ + 2 * aux_) > in.remaining()) {
-    throw FormatError(str_cat("cache file is truncated: ", rows, " tokens do not fit in the ",
+void PackedRows::read_append(ByteReader& in, int64_t n) {
+  if (n < 0 || static_cast<uint64_t>(n) * row_record_bytes() > in.remaining()) {
+    throw FormatError(str_cat("cache file is truncated: ", n, " tokens do not fit in the ",
                               in.remaining(), " bytes left"));
   }
-  rows_ = 0;
-  grow(rows);
-  for (int h = 0; h < kv_heads_; ++h) in.bytes(codes(h, 0), rows * code_bytes_, "codes");
-  for (int h = 0; h < kv_heads_; ++h) in.bytes(aux(h, 0), rows * aux_ * sizeof(uint16_t), "norms");
+  const int64_t first = grow(n);
+  for (int h = 0; h < kv_heads_; ++h) in.bytes(codes(h, first), n * code_bytes_, "codes");
+  for (int h = 0; h < kv_heads_; ++h) {
+    in.bytes(aux(h, first), n * aux_ * sizeof(uint16_t), "norms and scales");
+  }
 }
 
 }  // namespace turbokv

@@ -31,10 +31,13 @@ class PackedRows {
   int64_t grow(int64_t n);
   void drop_newest(int64_t n) { rows_ -= n; }
 
-  // Serialization (kv/cache_file.h): row count, then every head's codes and aux words.
-  void write(ByteWriter& out) const;
-  // Replaces the rows; throws FormatError for a row count above max_rows.
-  void read(ByteReader& in, int64_t max_rows);
+  // Serialization (KVCache::write_rows): rows [first, first + n) as every head's codes, then
+  // every head's aux words. The caller checks the range.
+  void write(ByteWriter& out, int64_t first, int64_t n) const;
+  // Appends n rows recorded by write(); FormatError when the data ends first.
+  void read_append(ByteReader& in, int64_t n);
+  // Bytes write() records per row.
+  size_t row_record_bytes() const { return size_t(kv_heads_) * (code_bytes_ + 2 * size_t(aux_)); }
 
   uint8_t* codes(int h, int64_t t) { return codes_.data() + (h * capacity_ + t) * code_bytes_; }
   const uint8_t* codes(int h, int64_t t) const {

@@ -32,9 +32,18 @@ class StagedKVCache : public KVCache {
     current().attend(q, n_q, params, out);
   }
 
-  // Records quantized_kv_start and which stage the cache is in, then that stage's record.
-  void save(ByteWriter& out) const override;
-  void load(ByteReader& in) override;
+  // State: quantized_kv_start, the stage and the tokens held at the conversion, then the
+  // current stage's state. Rows: the current stage's.
+  void write_state(ByteWriter& out) const override;
+  void read_state(ByteReader& in) override;
+  void write_rows(ByteWriter& out, int64_t first, int64_t n) const override {
+    current().write_rows(out, first, n);
+  }
+  // Converts, as append() does, once the dense stage reaches quantized_kv_start.
+  void read_rows(ByteReader& in, int64_t n) override;
+  // After the conversion: the tokens held then (earlier tokens were attended to in the dense
+  // stage, later ones in the quantized one); before it, those of the dense stage (0).
+  int64_t calibration_tokens() const override;
 
   bool converted() const { return quantized_ != nullptr; }
   int64_t quantized_kv_start() const { return start_; }
@@ -47,8 +56,11 @@ class StagedKVCache : public KVCache {
   KVDType dense_dtype_;
   int64_t start_;
   Convert convert_;
+  void convert_if_due();
+
   std::unique_ptr<DenseKVCache> dense_;
   std::unique_ptr<KVCache> quantized_;
+  int64_t converted_at_ = 0;  // tokens held at the conversion
 };
 
 }  // namespace turbokv

@@ -124,6 +124,7 @@ void TurboQuantKVCache::encode(Tensor& tensor, const float* x, int n_tokens, int
 void TurboQuantKVCache::append(const float* k, const float* v, int n_tokens) {
   check_append(k, v, n_tokens);
   if (n_tokens == 0) return;
+  if (keys_.codecs.empty() || values_.codecs.empty()) calibrated_on_ = n_tokens;
   if (keys_.codecs.empty()) make_codecs(keys_, k, n_tokens, nullptr);
   if (values_.codecs.empty()) make_codecs(values_, v, n_tokens, nullptr);
   const int64_t first = keys_.rows.grow(n_tokens);
@@ -173,7 +174,7 @@ void TurboQuantKVCache::attend(const float* q, int n_q, const AttentionParams& p
   attention_turboquant(view(), AttentionQueries{q, n_q, size() - n_q}, params, out);
 }
 
-void TurboQuantKVCache::save(ByteWriter& out) const {
+void TurboQuantKVCache::write_state(ByteWriter& out) const {
   write_cache_header(out, "turboquant", kv_heads_, head_dim_);
   out.put<double>(config_.key_bits);
   out.put<double>(config_.value_bits);
@@ -186,21 +187,22 @@ void TurboQuantKVCache::save(ByteWriter& out) const {
       for (int channel : order) out.put<uint16_t>(static_cast<uint16_t>(channel));
     }
   }
-  keys_.rows.write(out);
-  values_.rows.write(out);
+  out.put<int64_t>(calibrated_on_);
 }
 
-void TurboQuantKVCache::load(ByteReader& in) {
+void TurboQuantKVCache::read_state(ByteReader& in) {
   read_cache_header(in, "turboquant", kv_heads_, head_dim_);
   expect_same("key bits", in.get<double>("key bits"), config_.key_bits);
   expect_same("value bits", in.get<double>("value bits"), config_.value_bits);
   expect_same("rotation seed", in.get<uint64_t>("seed"), config_.seed);
   expect_same("norm correction", int(in.get<uint8_t>("norm correction")),
               int(config_.norm_correction));
+  keys_.rows.drop_newest(keys_.rows.rows());
+  values_.rows.drop_newest(values_.rows.rows());
   for (Tensor* tensor : {&keys_, &values_}) {
     const bool has_orders = in.get<uint8_t>("split flag") != 0;
     if (!has_orders) {
-      if (tensor->split()) {  // not calibrated yet in the file either
+      if (tensor->split()) {  // not calibrated yet in the record either
         tensor->codecs.clear();
         tensor->per_head.clear();
       }
@@ -217,15 +219,25 @@ void TurboQuantKVCache::load(ByteReader& in) {
       throw FormatError(str_cat("cache file: bad split channel order: ", e.what()));
     }
   }
-  keys_.rows.read(in, kMaxFileTokens);
-  values_.rows.read(in, keys_.rows.rows());
-  if (values_.rows.rows() != keys_.rows.rows()) {
+  calibrated_on_ = in.get<int64_t>("calibration tokens");
+  if (calibrated_on_ < 0 || calibrated_on_ > kMaxFileTokens) {
     throw FormatError(
-        str_cat("cache file: ", keys_.rows.rows(), " keys but ", values_.rows.rows(), " values"));
+        str_cat("cache file: calibration token count ", calibrated_on_, " is out of range"));
   }
-  if (size() > 0 && (keys_.codecs.empty() || values_.codecs.empty())) {
+}
+
+void TurboQuantKVCache::write_rows(ByteWriter& out, int64_t first, int64_t n) const {
+  check_rows(first, n);
+  keys_.rows.write(out, first, n);
+  values_.rows.write(out, first, n);
+}
+
+void TurboQuantKVCache::read_rows(ByteReader& in, int64_t n) {
+  if (n > 0 && (keys_.codecs.empty() || values_.codecs.empty())) {
     throw FormatError("cache file: tokens without the split channel orders they were coded with");
   }
+  keys_.rows.read_append(in, n);
+  values_.rows.read_append(in, n);
 }
 
 DenseKVCache TurboQuantKVCache::to_dense() const {

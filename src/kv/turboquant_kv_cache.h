@@ -39,9 +39,14 @@ class TurboQuantKVCache : public KVCache {
   // head, once the first chunk has fixed them).
   size_t nbytes() const override;
   void attend(const float* q, int n_q, const AttentionParams& params, float* out) const override;
-  // Records bits, seed, norm correction, the split channel orders and the codes.
-  void save(ByteWriter& out) const override;
-  void load(ByteReader& in) override;
+  // State: bits, seed, norm correction, the split channel orders and the tokens they were
+  // ranked on. Rows: codes and norms.
+  void write_state(ByteWriter& out) const override;
+  void read_state(ByteReader& in) override;
+  void write_rows(ByteWriter& out, int64_t first, int64_t n) const override;
+  void read_rows(ByteReader& in, int64_t n) override;
+  // With a split codec: the size of the first chunk, on which the channel orders were ranked.
+  int64_t calibration_tokens() const override { return calibrated_on_; }
 
   const TurboQuantKVConfig& config() const { return config_; }
   // Bytes one token of one KV head takes (keys and values, codes and norms).
@@ -89,6 +94,7 @@ class TurboQuantKVCache : public KVCache {
   int head_dim_;
   TurboQuantKVConfig config_;
   Tensor keys_, values_;
+  int64_t calibrated_on_ = 0;  // tokens the split channel orders were ranked on (0: none)
 };
 
 }  // namespace turbokv

@@ -75,26 +75,31 @@ void UniformKVCache::attend(const float* q, int n_q, const AttentionParams& para
   attention_uniform(view(), AttentionQueries{q, n_q, size() - n_q}, params, out);
 }
 
-void UniformKVCache::save(ByteWriter& out) const {
+void UniformKVCache::write_state(ByteWriter& out) const {
   write_cache_header(out, "uniform", kv_heads_, head_dim_);
   out.put<int32_t>(config_.key_bits);
   out.put<int32_t>(config_.value_bits);
   out.put<int32_t>(config_.group_size);
-  keys_.write(out);
-  values_.write(out);
 }
 
-void UniformKVCache::load(ByteReader& in) {
+void UniformKVCache::read_state(ByteReader& in) {
   read_cache_header(in, "uniform", kv_heads_, head_dim_);
   expect_same("key bits", in.get<int32_t>("key bits"), config_.key_bits);
   expect_same("value bits", in.get<int32_t>("value bits"), config_.value_bits);
   expect_same("group size", in.get<int32_t>("group size"), config_.group_size);
-  keys_.read(in, kMaxFileTokens);
-  values_.read(in, keys_.rows());
-  if (values_.rows() != keys_.rows()) {
-    throw FormatError(
-        str_cat("cache file: ", keys_.rows(), " keys but ", values_.rows(), " values"));
-  }
+  keys_.drop_newest(keys_.rows());
+  values_.drop_newest(values_.rows());
+}
+
+void UniformKVCache::write_rows(ByteWriter& out, int64_t first, int64_t n) const {
+  check_rows(first, n);
+  keys_.write(out, first, n);
+  values_.write(out, first, n);
+}
+
+void UniformKVCache::read_rows(ByteReader& in, int64_t n) {
+  keys_.read_append(in, n);
+  values_.read_append(in, n);
 }
 
 DenseKVCache UniformKVCache::to_dense() const {

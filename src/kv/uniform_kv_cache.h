@@ -31,8 +31,12 @@ class UniformKVCache : public KVCache {
   // Codes + fp16 (scale, min) per group, keys and values.
   size_t nbytes() const override { return keys_.nbytes() + values_.nbytes(); }
   void attend(const float* q, int n_q, const AttentionParams& params, float* out) const override;
-  void save(ByteWriter& out) const override;
-  void load(ByteReader& in) override;
+  // State: bits and group size. Rows: codes and each group's fp16 (scale, min).
+  void write_state(ByteWriter& out) const override;
+  void read_state(ByteReader& in) override;
+  void write_rows(ByteWriter& out, int64_t first, int64_t n) const override;
+  void read_rows(ByteReader& in, int64_t n) override;
+  int64_t calibration_tokens() const override { return 0; }
 
   const UniformKVConfig& config() const { return config_; }
   size_t bytes_per_token_head() const {

@@ -2,6 +2,7 @@
 #include "fakes.h"
 
 #include "core/error.h"
+#include "kv/byte_io.h"
 
 namespace turbokv::testing {
 namespace {
@@ -10,6 +11,26 @@ const char* const kPieces[kFakeVocab] = {"<eos>", "a", "b",   "c",  "d", "e",  "
                                          "h",     "i", "END", "xy", " ", "\n", "E", "!"};
 
 }  // namespace
+
+void TokenCache::write_state(ByteWriter& out) const {
+  out.string(type_name());
+}
+
+void TokenCache::read_state(ByteReader& in) {
+  expect_same("cache type", in.string("cache type"), type_name());
+  tokens.clear();
+}
+
+void TokenCache::write_rows(ByteWriter& out, int64_t first, int64_t n) const {
+  check_rows(first, n);
+  out.bytes(tokens.data() + first, size_t(n) * sizeof(int32_t));
+}
+
+void TokenCache::read_rows(ByteReader& in, int64_t n) {
+  const size_t old = tokens.size();
+  tokens.resize(old + size_t(n));
+  in.bytes(tokens.data() + old, size_t(n) * sizeof(int32_t), "token ids");
+}
 
 int32_t fake_next_token(const std::vector<int32_t>& history) {
   uint64_t h = 1469598103934665603ULL;

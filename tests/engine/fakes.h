@@ -18,6 +18,7 @@ inline constexpr int32_t kFakeEos = 0;
 inline constexpr int32_t kPoisonToken = 15;  // FakeModel::forward throws when fed this
 
 // Remembers the token ids appended (carried in k[0]); nbytes counts 2 bytes per K/V element.
+// Its state is its kind, its rows the token ids: sessions and the prefix cache copy them.
 class TokenCache : public KVCache {
  public:
   std::string type_name() const override { return "token-cache"; }
@@ -30,6 +31,11 @@ class TokenCache : public KVCache {
   void trim(int64_t n) override { tokens.resize(tokens.size() - n); }
   size_t nbytes() const override { return tokens.size() * 4 * 2 * 2; }
   void attend(const float*, int, const AttentionParams&, float*) const override {}
+  int64_t calibration_tokens() const override { return 0; }
+  void write_state(ByteWriter& out) const override;
+  void read_state(ByteReader& in) override;
+  void write_rows(ByteWriter& out, int64_t first, int64_t n) const override;
+  void read_rows(ByteReader& in, int64_t n) override;
 
   std::vector<int32_t> tokens;
 };

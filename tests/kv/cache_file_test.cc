@@ -1,5 +1,6 @@
-// Save/load of a sequence's caches: identical attention after a round trip, typed errors for
-// files from another model/configuration, truncated or bit-flipped files.
+// Save/load of a sequence's caches with its session info: identical attention after a round
+// trip, tokens, settings and metadata kept, typed errors for files from another
+// configuration, truncated, bit-flipped or version 1 files.
 #include "kv/cache_file.h"
 
 #include <gtest/gtest.h>
@@ -43,6 +44,20 @@ void fill(LayerCaches& caches, int n_tokens, uint32_t seed) {
   }
 }
 
+CacheFileInfo info_for(const ResolvedKV& kv, int n_tokens, const std::string& tag = "tiny-model") {
+  CacheFileInfo info;
+  info.model_tag = tag;
+  info.model_fingerprint = 0x1234;
+  info.kv = kv;
+  for (int i = 0; i < n_tokens + 1; ++i) info.tokens.push_back(i * 7 % 500);
+  info.metadata = R"({"messages": []})";
+  return info;
+}
+
+void load(LayerCaches& caches, const std::string& path) {
+  CacheFileReader(path).load_caches(caches);
+}
+
 std::vector<float> attend_all(const LayerCaches& caches) {
   const auto q = testing::random_normal(size_t(3) * kHeads * 64, 77);
   std::vector<float> out;
@@ -72,9 +87,16 @@ TEST(CacheFile, RoundTripGivesIdenticalAttentionForEveryCacheType) {
     LayerCaches saved = make_layer_caches(kLayers, kv);
     fill(saved, 40, 5);
     const std::string path = temp_path("roundtrip.tkv");
-    save_layer_caches(saved, path, "tiny-model");
-    LayerCaches loaded = make_layer_caches(kLayers, kv);
-    load_layer_caches(loaded, path, "tiny-model");
+    const CacheFileInfo info = info_for(kv, 40);
+    save_cache_file(path, info, saved);
+    CacheFileReader reader(path);
+    EXPECT_EQ(reader.info().model_tag, info.model_tag);
+    EXPECT_EQ(reader.info().model_fingerprint, info.model_fingerprint);
+    EXPECT_EQ(reader.info().kv, kv);
+    EXPECT_EQ(reader.info().tokens, info.tokens);
+    EXPECT_EQ(reader.info().metadata, info.metadata);
+    LayerCaches loaded = make_layer_caches(kLayers, reader.info().kv);
+    reader.load_caches(loaded);
     for (size_t i = 0; i < saved.size(); ++i) {
       EXPECT_EQ(loaded[i]->type_name(), saved[i]->type_name());
       EXPECT_EQ(loaded[i]->size(), saved[i]->size());
@@ -98,26 +120,25 @@ TEST(CacheFile, OtherModelOrConfigurationIsInvalidArgument) {
   LayerCaches saved = make_layer_caches(kLayers, kv);
   fill(saved, 30, 1);
   const std::string path = temp_path("mismatch.tkv");
-  save_layer_caches(saved, path, "tiny-model");
+  save_cache_file(path, info_for(kv, 30), saved);
 
-  auto expect_invalid = [&](LayerCaches caches, const std::string& tag, const char* needle) {
+  auto expect_invalid = [&](LayerCaches caches, const char* needle) {
     try {
-      load_layer_caches(caches, path, tag);
+      load(caches, path);
       ADD_FAILURE() << "no error for " << needle;
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  expect_invalid(make_layer_caches(kLayers, kv), "other-model", "belongs to model");
-  expect_invalid(make_layer_caches({{2, 64, 0}, {2, 64, 12}}, kv), "", "layers");
-  expect_invalid(make_layer_caches({{2, 128, 0}, {2, 128, 12}, {2, 128, 0}, {2, 128, 0}}, kv), "",
+  expect_invalid(make_layer_caches({{2, 64, 0}, {2, 64, 12}}, kv), "layers");
+  expect_invalid(make_layer_caches({{2, 128, 0}, {2, 128, 12}, {2, 128, 0}, {2, 128, 0}}, kv),
                  "head_dim");
-  expect_invalid(make_layer_caches({{4, 64, 0}, {4, 64, 12}, {4, 64, 0}, {4, 64, 0}}, kv), "",
+  expect_invalid(make_layer_caches({{4, 64, 0}, {4, 64, 12}, {4, 64, 0}, {4, 64, 0}}, kv),
                  "kv_heads");
-  expect_invalid(make_layer_caches(kLayers, options(2.5, "turboquant")), "", "key bits");
-  expect_invalid(make_layer_caches(kLayers, options(3.5, "turboquant", 0, 7)), "", "seed");
-  expect_invalid(make_layer_caches(kLayers, options(4, "uniform")), "", "cache type");
-  expect_invalid(make_layer_caches({{2, 64, 0}, {2, 64, 8}, {2, 64, 0}, {2, 64, 0}}, kv), "",
+  expect_invalid(make_layer_caches(kLayers, options(2.5, "turboquant")), "key bits");
+  expect_invalid(make_layer_caches(kLayers, options(3.5, "turboquant", 0, 7)), "seed");
+  expect_invalid(make_layer_caches(kLayers, options(4, "uniform")), "cache type");
+  expect_invalid(make_layer_caches({{2, 64, 0}, {2, 64, 8}, {2, 64, 0}, {2, 64, 0}}, kv),
                  "sliding window");
 }
 
@@ -125,14 +146,14 @@ TEST(CacheFile, TruncatedCorruptedOrForeignFilesAreFormatErrors) {
   LayerCaches saved = make_layer_caches(kLayers, options(3, "turboquant"));
   fill(saved, 30, 2);
   const std::string path = temp_path("good.tkv");
-  save_layer_caches(saved, path);
+  save_cache_file(path, info_for(options(3, "turboquant"), 30), saved);
   const std::vector<uint8_t> good = read_file(path);
   const std::string bad = temp_path("bad.tkv");
   auto expect_format_error = [&](const std::vector<uint8_t>& bytes, const char* needle) {
     write_file(bad, bytes);
     LayerCaches caches = make_layer_caches(kLayers, options(3, "turboquant"));
     try {
-      load_layer_caches(caches, bad);
+      load(caches, bad);
       ADD_FAILURE() << "no error for " << needle;
     } catch (const FormatError& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
@@ -150,10 +171,35 @@ TEST(CacheFile, TruncatedCorruptedOrForeignFilesAreFormatErrors) {
   std::vector<uint8_t> other_version = good;
   other_version[8] = 9;
   expect_format_error(other_version, "version 9");
+  std::vector<uint8_t> version_1 = good;
+  version_1[8] = 1;
+  expect_format_error(version_1, "version 1 cache file");
   std::vector<uint8_t> text(good.size(), 'x');
   expect_format_error(text, "not a turbokv cache file");
-  LayerCaches caches = make_layer_caches(kLayers, options(3, "turboquant"));
-  EXPECT_THROW(load_layer_caches(caches, temp_path("missing.tkv")), IoError);
+  EXPECT_THROW(CacheFileReader(temp_path("missing.tkv")), IoError);
+}
+
+TEST(CacheFile, CachesHoldingMoreTokensThanTheHistoryAreRefused) {
+  LayerCaches saved = make_layer_caches(kLayers, options(4, "uniform"));
+  fill(saved, 30, 3);
+  CacheFileInfo info = info_for(options(4, "uniform"), 30);
+  info.tokens.resize(20);
+  const std::string path = temp_path("short-history.tkv");
+  save_cache_file(path, info, saved);
+  LayerCaches caches = make_layer_caches(kLayers, options(4, "uniform"));
+  EXPECT_THROW(load(caches, path), FormatError);
+}
+
+TEST(CacheFile, AnUnwritablePathIsAnIoErrorAndLeavesNoFile) {
+  LayerCaches saved = make_layer_caches(kLayers, ResolvedKV{});
+  fill(saved, 10, 4);
+  EXPECT_THROW(save_cache_file(temp_path("no-such-dir/x.tkv"), info_for({}, 10), saved), IoError);
+}
+
+TEST(CacheFile, DescribeKVNamesTheScheme) {
+  EXPECT_EQ(describe_kv(ResolvedKV{}), "dense");
+  EXPECT_NE(describe_kv(options(3.5, "turboquant")).find("turboquant K3/V4"), std::string::npos);
+  EXPECT_NE(describe_kv(options(4, "uniform")).find("groups of 64"), std::string::npos);
 }
 
 TEST(CacheFile, Crc32MatchesTheStandardCheckValue) {
