@@ -104,10 +104,14 @@ class GenerationStream {
 };
 
 struct EngineOptions {
-  KVOptions kv;                // default KV options of every request (dense unless kv_bits)
-  int max_sequences = 16;      // sequences decoded together; more requests wait in a queue
-  int max_waiting = 256;       // queued requests beyond that are refused (Overloaded)
-  int prefill_chunk = 256;     // prompt tokens per sequence per forward pass
+  KVOptions kv;            // default KV options of every request (dense unless kv_bits)
+  int max_sequences = 16;  // sequences decoded together; more requests wait in a queue
+  int max_waiting = 256;   // queued requests beyond that are refused (Overloaded)
+  // Prompt tokens per sequence per forward pass; at most max_batch_tokens - max_sequences + 1,
+  // so that one prefill chunk always fits beside every other sequence's decode token. A
+  // prompt is fed in chunks aligned to multiples of it whatever else runs, so what a cache
+  // estimates from its first chunk does not depend on the other requests in the batch.
+  int prefill_chunk = 256;
   int max_batch_tokens = 512;  // tokens per forward pass (decode tokens first, then prefill)
 };
 

@@ -136,6 +136,7 @@ Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, std::vector
                                   " so prefill can progress while every sequence decodes"));
   }
   if (context_length_ <= 0) context_length_ = INT64_MAX;
+  chunk_ = std::min(options.prefill_chunk, options.max_batch_tokens - options.max_sequences + 1);
 }
 
 Scheduler::~Scheduler() {
@@ -339,10 +340,12 @@ void Scheduler::step() {
   }
   for (auto& seq : active_) {
     const int64_t remaining = static_cast<int64_t>(seq->req->prompt.size()) - seq->prefilled;
-    if (remaining == 0 || budget <= 0) continue;
+    // Up to the next multiple of the chunk size; never cut by the budget (it waits instead).
+    const int64_t aligned = chunk_ - seq->prefilled % chunk_;
     Model::Chunk c;
     c.tokens = seq->req->prompt.data() + seq->prefilled;
-    c.n_tokens = static_cast<int>(std::min<int64_t>({remaining, options_.prefill_chunk, budget}));
+    c.n_tokens = static_cast<int>(std::min(remaining, aligned));
+    if (remaining == 0 || c.n_tokens > budget) continue;
     chunks.push_back(c);
     batch.push_back(seq.get());
     budget -= c.n_tokens;

@@ -3,6 +3,11 @@
 // chunks of new sequences (chunked prefill) up to the step's token budget. Requests join and
 // leave between steps. Every sequence has its own KV caches, built from its own resolved KV
 // options, so no request can see or disturb another's state.
+//
+// Prompt chunks are aligned: a prompt is fed in pieces that end at multiples of the prefill
+// chunk (or at its end), and a piece that does not fit the step's budget waits for the next
+// step instead of being cut. So what a cache estimates from its first chunk, and hence the
+// output, does not depend on the other requests in the batch.
 #pragma once
 
 #include <atomic>
@@ -49,6 +54,9 @@ class Scheduler {
 
   EngineMetrics metrics() const;
   const ResolvedKV& default_kv() const { return default_kv_; }
+  // The prompt chunk actually used: EngineOptions::prefill_chunk capped so that a chunk always
+  // fits beside every other sequence's decode token.
+  int prefill_chunk() const { return chunk_; }
 
  private:
   void run();
@@ -68,6 +76,7 @@ class Scheduler {
   std::vector<LayerSpec> layer_specs_;
   int64_t context_length_;
   int vocab_size_;
+  int chunk_;
 
   mutable std::mutex mu_;  // guards waiting_, stop_, metrics_ counters below
   std::condition_variable cv_;

@@ -281,5 +281,30 @@ TEST(Scheduler, MetricsCountRequestsAndTokens) {
   EXPECT_EQ(m.generated_tokens_total, 14);
 }
 
+TEST(Scheduler, PromptChunksAreAlignedAndWaitRatherThanBeCutByTheBudget) {
+  EngineOptions o;
+  o.max_sequences = 2;
+  o.max_batch_tokens = 6;
+  o.prefill_chunk = 4;
+  Harness h(o);
+  EXPECT_EQ(h.scheduler.prefill_chunk(), 4);
+  const std::vector<int32_t> a(10, 2), b(9, 3);
+  auto sa = h.scheduler.submit(a, max_tokens(3));
+  auto sb = h.scheduler.submit(b, max_tokens(3));
+  h.scheduler.start();
+  EXPECT_EQ(drain(*sa).tokens, expected_tokens(a, 3));
+  EXPECT_EQ(drain(*sb).tokens, expected_tokens(b, 3));
+  const auto calls = h.model.calls();
+  EXPECT_EQ(calls[0], std::vector<int>{4});  // b's 4 do not fit beside a's: b waits
+  EXPECT_EQ(calls[1], std::vector<int>{4});
+  EXPECT_EQ(calls[2], (std::vector<int>{2, 4}));
+  // A chunk never exceeds max_batch_tokens - max_sequences + 1.
+  EngineOptions tight;
+  tight.max_sequences = 4;
+  tight.max_batch_tokens = 6;
+  tight.prefill_chunk = 100;
+  EXPECT_EQ(Harness(tight).scheduler.prefill_chunk(), 3);
+}
+
 }  // namespace
 }  // namespace turbokv
