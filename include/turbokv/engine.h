@@ -36,6 +36,8 @@ struct SamplingOptions {
   uint64_t seed = 0;                // RNG seed of this request
 };
 
+class Session;
+
 struct GenerateOptions {
   int max_tokens = 256;  // >= 1
   SamplingOptions sampling;
@@ -47,6 +49,9 @@ struct GenerateOptions {
   // sampled token (chunks still report the sampled one): how often does a KV scheme pick the
   // reference's token given the reference's history?
   std::vector<int32_t> forced_tokens;
+  // Run on this session's KV cache (see Session): the prompt's longest common prefix with the
+  // session's tokens is not prefilled again, and the caches stay in the session afterwards.
+  std::shared_ptr<Session> session;
 };
 
 // The request queue is full (HTTP 429); the request may be retried later.
@@ -72,6 +77,9 @@ struct GenerationStats {
   int64_t cached_tokens = 0;
   size_t kv_bytes = 0;
   size_t kv_bytes_dense = 0;
+  // Prompt tokens whose K/V came from the session or the prefix cache instead of a prefill
+  // (OpenAI's usage.prompt_tokens_details.cached_tokens).
+  int64_t prompt_cached_tokens = 0;
   ResolvedKV kv;  // the KV choice this request ran with
 };
 
@@ -113,6 +121,12 @@ struct EngineOptions {
   // estimates from its first chunk does not depend on the other requests in the batch.
   int prefill_chunk = 256;
   int max_batch_tokens = 512;  // tokens per forward pass (decode tokens first, then prefill)
+  // Automatic prefix cache (engine/prefix_cache.h): the KV of finished prompts kept for later
+  // requests that start with the same tokens. Its memory budget in bytes: 0 turns it off; -1
+  // picks a tenth of the physical memory, at most 8 GiB. Models with sliding-window layers do
+  // not use it.
+  int64_t prefix_cache_bytes = -1;
+  int prefix_cache_block = 64;  // tokens per cached block (>= 16; a multiple of 32 suits GPUs)
 };
 
 struct ChatMessage {
@@ -140,6 +154,46 @@ struct EngineMetrics {
   size_t kv_bytes = 0;           // caches of the active sequences, now
   size_t kv_bytes_dense = 0;     // their fp16 equivalent
   int64_t forward_passes = 0;
+  // Prefix cache: lookups and hits (requests), prompt tokens restored instead of prefilled,
+  // blocks evicted; blocks, tokens and bytes held now, their fp16 equivalent, the budget.
+  int64_t prefix_cache_lookups = 0;
+  int64_t prefix_cache_hits = 0;
+  int64_t prefix_cache_hit_tokens = 0;
+  int64_t prefix_cache_evictions = 0;
+  int64_t prefix_cache_blocks = 0;
+  int64_t prefix_cache_tokens = 0;
+  size_t prefix_cache_bytes = 0;
+  size_t prefix_cache_bytes_dense = 0;
+  size_t prefix_cache_capacity_bytes = 0;
+  // Prompt tokens reused from sessions (GenerateOptions::session) instead of prefilled.
+  int64_t session_reused_tokens = 0;
+};
+
+// A conversation's KV cache kept between requests (llama.cpp's slots and --prompt-cache,
+// mlx-lm's prompt cache). A request run on a session (GenerateOptions::session) starts from
+// the longest common prefix of the session's tokens and its prompt: those tokens are not
+// prefilled again. When it ends, its caches and tokens (prompt and generated) stay in the
+// session, so the next request, or a process that loads the saved session, goes on exactly
+// where it stopped. The KV settings are the session's, fixed when it is made or loaded. One
+// request at a time uses a session. A common prefix shorter than the tokens the caches
+// calibrated on (KVCache::calibration_tokens) is not reused: the request starts afresh.
+class Session {
+ public:
+  virtual ~Session() = default;
+  // The token history: prompt and generated tokens of the requests so far.
+  virtual std::vector<int32_t> tokens() const = 0;
+  // Tokens whose K/V the caches hold: the history's first cached_tokens() (the last sampled
+  // token is not fed back until the next request).
+  virtual int64_t cached_tokens() const = 0;
+  virtual size_t kv_bytes() const = 0;        // the caches' exact nbytes()
+  virtual size_t kv_bytes_dense() const = 0;  // fp16 K/V of the same tokens
+  virtual const ResolvedKV& kv() const = 0;
+  virtual bool busy() const = 0;  // a request is using it
+  // Free-form text saved with the session (a chat front end keeps its messages here).
+  virtual std::string metadata() const = 0;
+  virtual void set_metadata(std::string text) = 0;
+  // Forgets the tokens and caches. Throws InvalidArgument while busy.
+  virtual void clear() = 0;
 };
 
 class Engine {
@@ -176,6 +230,18 @@ class Engine {
                             const std::function<bool(const GenerationChunk&)>& on_chunk = {});
 
   virtual EngineMetrics metrics() const = 0;
+
+  // An empty session with the engine's default KV options, or with kv.
+  virtual std::shared_ptr<Session> new_session(const std::optional<KVOptions>& kv = {}) = 0;
+  // Writes a session to a cache file (kv/cache_file.h: model identity, KV settings, tokens,
+  // metadata, caches, CRC-32). Throws InvalidArgument while it is busy, IoError.
+  virtual void save_session(Session& session, const std::string& path) = 0;
+  // Reads a session written by save_session. With kv, the file must have been saved with the
+  // settings these options resolve to. Throws IoError; FormatError for a file that is not a
+  // cache file, truncated, corrupted or of another version; InvalidArgument for a file of
+  // another model or with other KV settings (the message names both).
+  virtual std::shared_ptr<Session> load_session(const std::string& path,
+                                                const std::optional<KVOptions>& kv = {}) = 0;
 };
 
 }  // namespace turbokv

@@ -8,6 +8,8 @@
 
 #include "core/gguf.h"
 #include "engine/scheduler.h"
+#include "engine/session.h"
+#include "kv/cache_file.h"
 #include "kv/cache_policy.h"
 #include "kv/kv_resolve.h"
 #include "template/chat_template.h"
@@ -72,6 +74,10 @@ class EngineImpl : public Engine {
     for (int32_t id : config.eos_token_ids) {
       if (std::find(eos.begin(), eos.end(), id) == eos.end()) eos.push_back(id);
     }
+    fingerprint_ = model_fingerprint(dir);
+    model_tag_ = std::filesystem::path(dir).filename().string();
+    if (model_tag_.empty())
+      model_tag_ = std::filesystem::path(dir).parent_path().filename().string();
     const auto specs = model_->layer_specs();
     scheduler_ = std::make_unique<Scheduler>(
         *model_, *tokenizer_, std::move(eos), options,
@@ -128,9 +134,67 @@ class EngineImpl : public Engine {
 
   EngineMetrics metrics() const override { return scheduler_->metrics(); }
 
+  std::shared_ptr<Session> new_session(const std::optional<KVOptions>& kv) override {
+    return scheduler_->new_session(kv ? resolve_kv_options(*kv) : default_kv());
+  }
+
+  void save_session(Session& session, const std::string& path) override {
+    auto* impl = dynamic_cast<SessionImpl*>(&session);
+    if (impl == nullptr || impl->owner() != scheduler_.get()) {
+      throw InvalidArgument("the session belongs to another engine");
+    }
+    impl->with_idle([&](const LayerCaches& caches, const std::vector<int32_t>& tokens,
+                        const std::string& metadata) {
+      const CacheFileInfo info{model_tag_, fingerprint_, impl->kv(), tokens, metadata};
+      if (caches.empty()) {
+        save_cache_file(path, info, scheduler_->make_caches(impl->kv()));
+      } else {
+        save_cache_file(path, info, caches);
+      }
+    });
+  }
+
+  std::shared_ptr<Session> load_session(const std::string& path,
+                                        const std::optional<KVOptions>& kv) override {
+    CacheFileReader file(path);
+    const CacheFileInfo& info = file.info();
+    if (info.model_fingerprint != fingerprint_) {
+      throw InvalidArgument(str_cat("cache file '", path, "' belongs to another model ('",
+                                    info.model_tag, "', fingerprint ", info.model_fingerprint,
+                                    "); this engine runs '", model_tag_, "' (fingerprint ",
+                                    fingerprint_, ")"));
+    }
+    if (kv) {
+      const ResolvedKV wanted = resolve_kv_options(*kv);
+      if (wanted != info.kv) {
+        throw InvalidArgument(str_cat("cache file '", path, "' was saved with KV settings '",
+                                      describe_kv(info.kv), "'; this run uses '",
+                                      describe_kv(wanted), "'"));
+      }
+    }
+    for (int32_t id : info.tokens) {
+      if (id < 0 || id >= summary_.vocab_size) {
+        throw FormatError(str_cat("cache file '", path, "': token id ", id,
+                                  " is outside the vocabulary [0, ", summary_.vocab_size, ")"));
+      }
+    }
+    LayerCaches caches;
+    try {
+      caches = scheduler_->make_caches(info.kv);
+    } catch (const InvalidArgument& e) {
+      throw FormatError(str_cat("cache file '", path, "' has unusable KV settings: ", e.what()));
+    }
+    file.load_caches(caches);
+    auto session = scheduler_->new_session(info.kv);
+    session->install(std::move(caches), info.tokens, info.metadata);
+    return session;
+  }
+
  private:
   EngineOptions options_;
   ModelSummary summary_;
+  uint64_t fingerprint_ = 0;
+  std::string model_tag_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::optional<ChatTemplate> chat_template_;

@@ -3,12 +3,15 @@
 // the per-request mailboxes that GenerationStream reads.
 #include "engine/scheduler.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 
 #include "core/error.h"
 #include "engine/sampler.h"
 #include "engine/stop_strings.h"
+#include "kv/cache_file.h"
 #include "kv/kv_resolve.h"
 
 namespace turbokv {
@@ -26,6 +29,7 @@ struct Scheduler::Request {
   std::vector<int32_t> prompt;
   GenerateOptions options;
   ResolvedKV kv;
+  std::shared_ptr<SessionImpl> session;  // acquired by submit(), released when the request ends
   std::atomic<bool> cancelled{false};
 
   std::mutex mu;  // guards the mailbox below
@@ -63,11 +67,13 @@ struct Scheduler::Sequence {
   Sampler sampler;
   StreamDecoder decoder;
   StopStringMatcher stops;
-  std::vector<int32_t> history;  // prompt + generated tokens
-  int64_t prefilled = 0;         // prompt tokens in the caches
-  int64_t sampled = 0;           // sampled tokens, a stopping EOS included
-  int64_t generated = 0;         // sampled tokens, a stopping EOS excluded
-  std::vector<float> logits;     // [vocab] of the last token fed
+  std::vector<int32_t> history;         // prompt + generated tokens
+  int64_t prefilled = 0;                // prompt tokens in the caches
+  int64_t reused = 0;                   // ... of which came from the session or the prefix cache
+  std::optional<std::string> settings;  // prefix cache key of the KV settings (none: bypass)
+  int64_t sampled = 0;                  // sampled tokens, a stopping EOS included
+  int64_t generated = 0;                // sampled tokens, a stopping EOS excluded
+  std::vector<float> logits;            // [vocab] of the last token fed
   bool started = false, done = false;
   Clock::time_point t_start, t_first_token, t_last_token;
 };
@@ -137,6 +143,26 @@ Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, std::vector
   }
   if (context_length_ <= 0) context_length_ = INT64_MAX;
   chunk_ = std::min(options.prefill_chunk, options.max_batch_tokens - options.max_sequences + 1);
+  if (options.prefix_cache_bytes < -1) {
+    throw InvalidArgument(str_cat("prefix_cache_bytes=", options.prefix_cache_bytes,
+                                  " must be >= 0, or -1 for the default"));
+  }
+  if (options.prefix_cache_block < 16 || options.prefix_cache_block > 4096) {
+    throw InvalidArgument(
+        str_cat("prefix_cache_block=", options.prefix_cache_block, " is not in 16..4096 tokens"));
+  }
+  size_t budget = static_cast<size_t>(options.prefix_cache_bytes);
+  if (options.prefix_cache_bytes < 0) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    const size_t physical = pages > 0 && page > 0 ? size_t(pages) * size_t(page) : 0;
+    budget = std::min(physical / 10, size_t(8) << 30);
+  }
+  const bool sliding = std::any_of(layer_specs_.begin(), layer_specs_.end(),
+                                   [](const LayerSpec& l) { return l.sliding_window > 0; });
+  if (budget > 0 && !sliding) {
+    prefix_ =
+        std::make_unique<PrefixCache>(budget, options.prefix_cache_block, chunk_, layer_specs_);
+  }
 }
 
 Scheduler::~Scheduler() {
@@ -148,11 +174,16 @@ Scheduler::~Scheduler() {
   if (thread_.joinable()) thread_.join();
   for (auto& seq : active_) finish(*seq, FinishReason::kCancelled, "", -1);
   for (auto& req : waiting_) {
+    if (req->session) req->session->release_untaken();
     GenerationChunk chunk;
     chunk.done = true;
     chunk.finish_reason = FinishReason::kCancelled;
     req->post(std::move(chunk));
   }
+}
+
+std::shared_ptr<SessionImpl> Scheduler::new_session(const ResolvedKV& kv) const {
+  return std::make_shared<SessionImpl>(this, kv, layer_specs_);
 }
 
 void Scheduler::start() {
@@ -177,11 +208,26 @@ std::unique_ptr<GenerationStream> Scheduler::submit(std::vector<int32_t> prompt,
 
   auto req = std::make_shared<Request>();
   req->kv = options.kv ? resolve_kv_options(*options.kv) : default_kv_;
+  if (options.session) {
+    auto session = std::dynamic_pointer_cast<SessionImpl>(options.session);
+    if (!session || session->owner() != this) {
+      throw InvalidArgument("the session belongs to another engine");
+    }
+    if (options.kv && req->kv != session->kv()) {
+      throw InvalidArgument(str_cat("the session's KV settings are '", describe_kv(session->kv()),
+                                    "'; the request asks for '", describe_kv(req->kv), "'"));
+    }
+    req->kv = session->kv();
+    session->acquire();
+    req->session = std::move(session);
+  }
   req->prompt = std::move(prompt);
   req->options = options;
+  req->options.session.reset();  // the request holds it as req->session
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (static_cast<int64_t>(waiting_.size()) >= options_.max_waiting) {
+      if (req->session) req->session->release_untaken();
       throw Overloaded(str_cat("the request queue is full (", options_.max_waiting,
                                " waiting requests); retry later"));
     }
@@ -233,13 +279,87 @@ void Scheduler::admit_waiting() {
   }
   for (auto& req : admitted) {
     try {
-      active_.push_back(std::make_unique<Sequence>(req, make_caches_(req->kv), tokenizer_));
+      active_.push_back(start_sequence(req));
     } catch (...) {
+      if (req->session) req->session->release(LayerCaches{}, {}, /*keep=*/false);
       req->fail(std::current_exception());
       std::lock_guard<std::mutex> lock(mu_);
       ++metrics_.requests_failed;
     }
   }
+}
+
+const std::optional<std::string>& Scheduler::settings_for(const ResolvedKV& kv) {
+  for (const auto& [known, settings] : settings_) {
+    if (known == kv) return settings;
+  }
+  if (settings_.size() >= 64) settings_.clear();  // requests may ask for any number of settings
+  settings_.emplace_back(kv, PrefixCache::settings_of(make_caches_(kv)));
+  return settings_.back().second;
+}
+
+std::unique_ptr<Scheduler::Sequence> Scheduler::start_sequence(std::shared_ptr<Request> req) {
+  const auto start = Clock::now();
+  const std::vector<int32_t>& prompt = req->prompt;
+  // At least the last prompt token is fed: its logits give the first sampled token.
+  const int64_t reusable = static_cast<int64_t>(prompt.size()) - 1;
+  LayerCaches caches;
+  int64_t reused = 0;
+  bool from_session = false;
+  if (req->session) {
+    std::vector<int32_t> tokens;
+    req->session->take(&caches, &tokens);
+    if (!caches.empty()) {
+      const int64_t held = std::min<int64_t>(caches.front()->size(), int64_t(tokens.size()));
+      int64_t common = 0;
+      while (common < std::min(held, reusable) &&
+             tokens[size_t(common)] == prompt[size_t(common)]) {
+        ++common;
+      }
+      int64_t calibration = 0;
+      for (const auto& c : caches) calibration = std::max(calibration, c->calibration_tokens());
+      // A prefix shorter than what fixed the caches' state would keep a state estimated from
+      // tokens this prompt does not have: start afresh instead.
+      if (common > 0 && common >= calibration) {
+        try {
+          for (auto& c : caches) c->trim(c->size() - common);
+          reused = common;
+          from_session = true;
+        } catch (const Unsupported&) {  // a sliding window evicted what the trim needs
+        }
+      }
+      if (!from_session) caches.clear();
+    }
+  }
+  if (caches.empty()) caches = make_caches_(req->kv);
+  auto seq = std::make_unique<Sequence>(req, std::move(caches), tokenizer_);
+  if (prefix_) seq->settings = settings_for(req->kv);
+  if (!from_session && prefix_ && seq->settings) {
+    try {
+      reused = prefix_->restore(*seq->settings, prompt, reusable, seq->caches);
+    } catch (const std::exception&) {  // the rows do not fit these caches: prefill instead
+      seq->caches = make_caches_(req->kv);
+      reused = 0;
+    }
+  }
+  publish_prefix_stats();
+  seq->prefilled = seq->reused = reused;
+  if (reused > 0) {
+    seq->started = true;
+    seq->t_start = start;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (from_session) metrics_.session_reused_tokens += reused;
+  }
+  return seq;
+}
+
+void Scheduler::cache_prefix(const Sequence& seq) {
+  if (!prefix_ || !seq.settings || seq.caches.empty()) return;
+  const int64_t held = seq.caches.front()->size();
+  if (held < prefix_->block_tokens()) return;
+  prefix_->insert(*seq.settings, std::span<const int32_t>(seq.history.data(), size_t(held)),
+                  seq.caches);
+  publish_prefix_stats();
 }
 
 GenerationStats Scheduler::stats_of(const Sequence& seq) const {
@@ -260,6 +380,7 @@ GenerationStats Scheduler::stats_of(const Sequence& seq) const {
     for (const auto& c : seq.caches) s.kv_bytes += c->nbytes();
   }
   s.kv_bytes_dense = dense_kv_bytes(layer_specs_, s.cached_tokens);
+  s.prompt_cached_tokens = seq.reused;
   return s;
 }
 
@@ -277,6 +398,14 @@ void Scheduler::finish(Sequence& seq, FinishReason reason, std::string text, int
   chunk.finish_reason = reason;
   chunk.stats = stats_of(seq);
   seq.done = true;
+  try {
+    cache_prefix(seq);
+  } catch (const std::exception&) {  // a copy that failed: these blocks stay uncached
+  }
+  // Before the done chunk: the client may use the session again as soon as it sees it.
+  if (seq.req->session) {
+    seq.req->session->release(std::move(seq.caches), seq.history, /*keep=*/true);
+  }
   seq.req->post(std::move(chunk));
 }
 
@@ -367,6 +496,7 @@ void Scheduler::step() {
     const auto error = std::current_exception();
     for (Sequence* seq : batch) {
       seq->done = true;
+      if (seq->req->session) seq->req->session->release(LayerCaches{}, {}, /*keep=*/false);
       seq->req->fail(error);
     }
     std::erase_if(active_, [](const auto& s) { return s->done; });
@@ -387,6 +517,10 @@ void Scheduler::step() {
         seq.req->post(std::move(progress));
         continue;
       }
+      try {
+        cache_prefix(seq);  // later requests with this prompt need not wait for the end
+      } catch (const std::exception&) {
+      }
     }
     on_token(seq, seq.sampler.sample(seq.logits, seq.history));
   }
@@ -403,6 +537,21 @@ void Scheduler::step() {
   metrics_.active_sequences = static_cast<int64_t>(active_.size());
   metrics_.kv_bytes = kv_bytes;
   metrics_.kv_bytes_dense = kv_dense;
+}
+
+void Scheduler::publish_prefix_stats() {
+  if (!prefix_) return;
+  const PrefixCacheStats& p = prefix_->stats();
+  std::lock_guard<std::mutex> lock(mu_);
+  metrics_.prefix_cache_lookups = p.lookups;
+  metrics_.prefix_cache_hits = p.hits;
+  metrics_.prefix_cache_hit_tokens = p.hit_tokens;
+  metrics_.prefix_cache_evictions = p.evictions;
+  metrics_.prefix_cache_blocks = p.blocks;
+  metrics_.prefix_cache_tokens = p.tokens;
+  metrics_.prefix_cache_bytes = p.bytes;
+  metrics_.prefix_cache_bytes_dense = p.bytes_dense;
+  metrics_.prefix_cache_capacity_bytes = p.capacity_bytes;
 }
 
 }  // namespace turbokv

@@ -7,7 +7,14 @@
 // Prompt chunks are aligned: a prompt is fed in pieces that end at multiples of the prefill
 // chunk (or at its end), and a piece that does not fit the step's budget waits for the next
 // step instead of being cut. So what a cache estimates from its first chunk, and hence the
-// output, does not depend on the other requests in the batch.
+// output, does not depend on the other requests in the batch, and the prefix cache can tell
+// when two sequences coded the same prefix identically.
+//
+// Admission: a request on a session takes the session's caches and keeps their common prefix
+// with its prompt; otherwise its fresh caches get the longest prefix the prefix cache has for
+// its prompt and KV settings (engine/prefix_cache.h). Either way those tokens are not
+// prefilled. A finished prompt's full blocks, and a finished request's, go into the prefix
+// cache; a session gets its request's caches and tokens back when the request ends.
 #pragma once
 
 #include <atomic>
@@ -17,10 +24,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <thread>
 #include <vector>
 
+#include "engine/prefix_cache.h"
+#include "engine/session.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 #include "turbokv/engine.h"
@@ -58,10 +68,24 @@ class Scheduler {
   // fits beside every other sequence's decode token.
   int prefill_chunk() const { return chunk_; }
 
+  // A new empty session for requests of this scheduler (kv: resolved KV options).
+  std::shared_ptr<SessionImpl> new_session(const ResolvedKV& kv) const;
+  // Caches for kv, as every sequence gets them.
+  LayerCaches make_caches(const ResolvedKV& kv) const { return make_caches_(kv); }
+
  private:
   void run();
   void step();
   void admit_waiting();
+  // Builds the sequence of an admitted request: its caches with what a session or the prefix
+  // cache already holds of its prompt.
+  std::unique_ptr<Sequence> start_sequence(std::shared_ptr<Request> req);
+  // The prefix cache's settings key for kv (nullopt: its caches cannot be copied).
+  const std::optional<std::string>& settings_for(const ResolvedKV& kv);
+  // Offers the sequence's full blocks to the prefix cache.
+  void cache_prefix(const Sequence& seq);
+  // Copies the prefix cache's counters into the metrics (before a client can see the effect).
+  void publish_prefix_stats();
   void finish(Sequence& seq, FinishReason reason, std::string text, int32_t token);
   void on_token(Sequence& seq, int32_t token);
   GenerationStats stats_of(const Sequence& seq) const;
@@ -77,6 +101,8 @@ class Scheduler {
   int64_t context_length_;
   int vocab_size_;
   int chunk_;
+  std::unique_ptr<PrefixCache> prefix_;  // engine thread only; null when off
+  std::vector<std::pair<ResolvedKV, std::optional<std::string>>> settings_;  // engine thread
 
   mutable std::mutex mu_;  // guards waiting_, stop_, metrics_ counters below
   std::condition_variable cv_;

@@ -24,6 +24,16 @@ std::vector<int32_t> expected_tokens(std::vector<int32_t> history, int max_token
   return out;
 }
 
+// The same with ignore_eos: n tokens, EOS ids included.
+std::vector<int32_t> expected_ignoring_eos(std::vector<int32_t> history, int n) {
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(testing::fake_next_token(history));
+    history.push_back(out.back());
+  }
+  return out;
+}
+
 struct Harness {
   explicit Harness(EngineOptions o = {}, int64_t context = 4096)
       : model(context),
@@ -304,6 +314,94 @@ TEST(Scheduler, PromptChunksAreAlignedAndWaitRatherThanBeCutByTheBudget) {
   tight.max_batch_tokens = 6;
   tight.prefill_chunk = 100;
   EXPECT_EQ(Harness(tight).scheduler.prefill_chunk(), 3);
+}
+
+EngineOptions prefix_options() {
+  EngineOptions o;
+  o.prefix_cache_block = 16;
+  o.prefix_cache_bytes = 1 << 20;
+  o.prefill_chunk = 8;
+  return o;
+}
+
+std::vector<int32_t> counting(int n, int32_t start = 1) {
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < n; ++i) tokens.push_back(1 + (start + i) % 14);
+  return tokens;
+}
+
+TEST(Scheduler, APrefixCacheHitSkipsThePrefillOfItsBlocksAndChangesNoToken) {
+  Harness h(prefix_options());
+  h.scheduler.start();
+  const auto a = counting(40);
+  EXPECT_EQ(drain(*h.scheduler.submit(a, max_tokens(5))).tokens, expected_tokens(a, 5));
+  auto b = a;
+  b.resize(37);
+  b.push_back(14);  // diverges in the third block: two blocks are shared
+  const size_t calls_before = h.model.calls().size();
+  const auto r = drain(*h.scheduler.submit(b, max_tokens(5)));
+  EXPECT_EQ(r.tokens, expected_tokens(b, 5));
+  EXPECT_EQ(r.stats.prompt_cached_tokens, 32);
+  const auto calls = h.model.calls();
+  EXPECT_EQ(calls[calls_before], std::vector<int>{6});  // tokens 32..37 only
+  const auto m = h.scheduler.metrics();
+  EXPECT_EQ(m.prefix_cache_lookups, 2);
+  EXPECT_EQ(m.prefix_cache_hits, 1);
+  EXPECT_EQ(m.prefix_cache_hit_tokens, 32);
+  EXPECT_GT(m.prefix_cache_bytes, 0u);
+  EXPECT_EQ(m.prefix_cache_bytes_dense, size_t(m.prefix_cache_tokens) * 2 * 4 * 2 * 2);
+}
+
+TEST(Scheduler, ASessionReusesItsCommonPrefixAndKeepsTheHistory) {
+  Harness h;
+  h.scheduler.start();
+  auto session = h.scheduler.new_session(ResolvedKV{});
+  GenerateOptions o = max_tokens(5);
+  o.ignore_eos = true;
+  o.session = session;
+  const std::vector<int32_t> prompt = {1, 2, 3, 4};
+  const auto first = drain(*h.scheduler.submit(prompt, o));
+  auto history = prompt;
+  history.insert(history.end(), first.tokens.begin(), first.tokens.end());
+  EXPECT_EQ(session->tokens(), history);
+  EXPECT_EQ(session->cached_tokens(), int64_t(history.size()) - 1);
+  EXPECT_FALSE(session->busy());
+
+  auto next = history;
+  next.push_back(7);  // the next turn: the whole history, then more
+  const auto second = drain(*h.scheduler.submit(next, o));
+  EXPECT_EQ(second.stats.prompt_cached_tokens, int64_t(history.size()) - 1);
+  EXPECT_EQ(second.tokens, expected_ignoring_eos(next, 5));
+
+  const std::vector<int32_t> other = {1, 2, 9, 9, 9};  // shares two tokens: trimmed to them
+  const auto third = drain(*h.scheduler.submit(other, o));
+  EXPECT_EQ(third.stats.prompt_cached_tokens, 2);
+  EXPECT_EQ(third.tokens, expected_ignoring_eos(other, 5));
+  EXPECT_EQ(h.scheduler.metrics().session_reused_tokens, int64_t(history.size()) - 1 + 2);
+}
+
+TEST(Scheduler, ASessionServesOneRequestAtATimeAndAFailureClearsIt) {
+  Harness h;
+  auto session = h.scheduler.new_session(ResolvedKV{});
+  GenerateOptions o = max_tokens(3);
+  o.session = session;
+  auto first = h.scheduler.submit({1, 2}, o);
+  EXPECT_THROW(h.scheduler.submit({1, 2}, o), InvalidArgument);
+  GenerateOptions other_kv = o;
+  other_kv.kv = kv(4);
+  h.scheduler.start();
+  drain(*first);
+  EXPECT_THROW(h.scheduler.submit({1, 2}, other_kv), InvalidArgument);  // the session's settings
+  EXPECT_FALSE(session->tokens().empty());
+  auto bad = h.scheduler.submit({1, testing::kPoisonToken}, o);
+  GenerationChunk c;
+  EXPECT_THROW(while (bad->next(&c)){}, Error);
+  EXPECT_TRUE(session->tokens().empty());
+  EXPECT_FALSE(session->busy());
+  Harness other;
+  GenerateOptions foreign = max_tokens(3);
+  foreign.session = other.scheduler.new_session(ResolvedKV{});
+  EXPECT_THROW(h.scheduler.submit({1}, foreign), InvalidArgument);
 }
 
 }  // namespace
