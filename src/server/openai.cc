@@ -140,6 +140,11 @@ void parse_common(const json& body, const RequestLimits& limits, const KVOptions
     r->include_usage = get_bool(*so, "include_usage").value_or(false);
   }
   o.kv = parse_kv(body, server_kv);
+  for (const char* key : {"kv_bits", "kv_quant_scheme", "kv_key_bits", "kv_value_bits",
+                          "kv_group_size", "quantized_kv_start"}) {
+    r->kv_given = r->kv_given || body.contains(key);
+  }
+  if (auto slot = get_int(body, "id_slot"); slot && *slot >= 0) r->slot = slot;
 }
 
 std::string message_content(const json& content, size_t index) {
@@ -213,6 +218,7 @@ nlohmann::json usage_json(const GenerationStats& stats) {
   return {{"prompt_tokens", stats.prompt_tokens},
           {"completion_tokens", stats.generated_tokens},
           {"total_tokens", stats.prompt_tokens + stats.generated_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", stats.prompt_cached_tokens}}},
           {"prompt_tps", stats.prompt_tps},
           {"generation_tps", stats.generation_tps},
           {"kv_bytes", stats.kv_bytes},

@@ -42,7 +42,9 @@ struct ApiRequest {
   std::string prompt;                 // completions
   GenerateOptions options;
   bool stream = false;
-  bool include_usage = false;  // stream_options.include_usage
+  bool include_usage = false;   // stream_options.include_usage
+  std::optional<int64_t> slot;  // id_slot: run on that slot's session (llama.cpp's name)
+  bool kv_given = false;        // the body has kv_* fields (else a slot keeps its settings)
 };
 
 // Throw ApiError (400, naming the parameter) for malformed fields. server_kv is the server's

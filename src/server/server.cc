@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/openai.h"
+#include "server/slots.h"
 
 namespace turbokv::server {
 
@@ -16,10 +17,15 @@ using nlohmann::json;
 
 struct Server::Impl {
   Impl(Engine& e, ServerOptions o)
-      : engine(e), options(std::move(o)), created(std::time(nullptr)) {}
+      : engine(e),
+        options(std::move(o)),
+        slots(e, options.slots > 0 ? options.slots : e.options().max_sequences,
+              options.slot_save_path),
+        created(std::time(nullptr)) {}
 
   Engine& engine;
   ServerOptions options;
+  SlotTable slots;
   httplib::Server http;
   int64_t created;
   std::atomic<int64_t> next_id{1};
@@ -27,6 +33,7 @@ struct Server::Impl {
 
   void install_routes();
   void completion(const httplib::Request& req, httplib::Response& res, bool chat);
+  void slot_action(const httplib::Request& req, httplib::Response& res);
   std::string metrics_text() const;
 };
 
@@ -122,6 +129,38 @@ void Server::Impl::install_routes() {
             guarded([this](const auto& req, auto& res) { completion(req, res, /*chat=*/true); }));
   http.Post("/v1/completions",
             guarded([this](const auto& req, auto& res) { completion(req, res, /*chat=*/false); }));
+  http.Get("/v1/slots", guarded([this](const auto&, auto& res) {
+             res.set_content(slots.list().dump(), "application/json");
+           }));
+  http.Post(R"(/v1/slots/(\d+))",
+            guarded([this](const auto& req, auto& res) { slot_action(req, res); }));
+}
+
+void Server::Impl::slot_action(const httplib::Request& req, httplib::Response& res) {
+  const std::string digits = req.matches[1];
+  if (digits.size() > 9) {
+    throw ApiError(400, str_cat("slot ", digits, " does not exist"), "invalid_request_error",
+                   "id_slot", "invalid_value");
+  }
+  const int64_t id = std::stoll(digits);
+  const std::string action = req.get_param_value("action");
+  if (action == "erase") {
+    res.set_content(slots.erase(id).dump(), "application/json");
+    return;
+  }
+  if (action != "save" && action != "restore") {
+    throw ApiError(400, str_cat("action '", action, "' is unknown; allowed: save, restore, erase"),
+                   "invalid_request_error", "action", "invalid_value");
+  }
+  const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() || !body.is_object() || !body.contains("filename") ||
+      !body["filename"].is_string()) {
+    throw ApiError(400, "the body must be a JSON object with a string 'filename'",
+                   "invalid_request_error", "filename", "invalid_value");
+  }
+  const std::string filename = body["filename"].get<std::string>();
+  const json out = action == "save" ? slots.save(id, filename) : slots.restore(id, filename);
+  res.set_content(out.dump(), "application/json");
 }
 
 void Server::Impl::completion(const httplib::Request& req, httplib::Response& res, bool chat) {
@@ -133,6 +172,10 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   const RequestLimits limits{options.max_tokens};
   ApiRequest r = chat ? parse_chat_request(body, limits, engine.options().kv)
                       : parse_completion_request(body, limits, engine.options().kv);
+  if (r.slot) {
+    r.options.session = slots.acquire_for_request(*r.slot);
+    if (!r.kv_given) r.options.kv.reset();  // the slot's own settings
+  }
   std::vector<int32_t> tokens;
   if (chat) {
     tokens = engine.encode(engine.apply_chat_template(r.messages), /*add_special_tokens=*/false);
@@ -263,6 +306,26 @@ std::string Server::Impl::metrics_text() const {
   metric("turbokv_kv_bytes_dense", "gauge", "fp16 size of the same KV cache",
          static_cast<double>(m.kv_bytes_dense));
   metric("turbokv_forward_passes_total", "counter", "batched forward passes", m.forward_passes);
+  metric("turbokv_prefix_cache_lookups_total", "counter",
+         "requests that looked for a cached prompt prefix", m.prefix_cache_lookups);
+  metric("turbokv_prefix_cache_hits_total", "counter", "requests that restored a cached prefix",
+         m.prefix_cache_hits);
+  metric("turbokv_prefix_cache_hit_tokens_total", "counter",
+         "prompt tokens restored from the prefix cache instead of prefilled",
+         m.prefix_cache_hit_tokens);
+  metric("turbokv_prefix_cache_evictions_total", "counter", "prefix cache blocks evicted",
+         m.prefix_cache_evictions);
+  metric("turbokv_prefix_cache_blocks", "gauge", "prefix cache blocks held", m.prefix_cache_blocks);
+  metric("turbokv_prefix_cache_tokens", "gauge", "tokens held by the prefix cache",
+         m.prefix_cache_tokens);
+  metric("turbokv_prefix_cache_bytes", "gauge", "memory held by the prefix cache",
+         static_cast<double>(m.prefix_cache_bytes));
+  metric("turbokv_prefix_cache_bytes_dense", "gauge", "fp16 size of the K/V the prefix cache holds",
+         static_cast<double>(m.prefix_cache_bytes_dense));
+  metric("turbokv_prefix_cache_capacity_bytes", "gauge", "the prefix cache's memory budget",
+         static_cast<double>(m.prefix_cache_capacity_bytes));
+  metric("turbokv_session_reused_tokens_total", "counter",
+         "prompt tokens reused from slot sessions instead of prefilled", m.session_reused_tokens);
   return out;
 }
 

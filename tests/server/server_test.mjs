@@ -2,11 +2,16 @@
 // and the official `openai` npm client: models, chat completions and completions (plain and
 // streamed), 16 concurrent streams (dense and TurboQuant mixed in one batch) against the same
 // requests made alone, per-request KV options, the API key, and bad requests that must get an
-// OpenAI error body while the server keeps serving.
+// OpenAI error body while the server keeps serving. The prefix cache: concurrent requests
+// sharing a long prefix equal the same requests on a server without it. Slots: id_slot reuse,
+// save/restore through files confined to --slot-save-path.
 //
 // usage: node server_test.mjs <turbokv binary> [model dir]
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import OpenAI from 'openai';
 
 const [binary, modelDir] = process.argv.slice(2);
@@ -227,11 +232,74 @@ test('bad requests get 4xx OpenAI errors and the server keeps serving', async ({
   assert.equal(after.choices[0].text, before.choices[0].text);
 });
 
+// A ~400-token module header shared by every request, then different function openings.
+const SHARED_PREFIX = Array.from({ length: 12 }, (_, i) =>
+  `def helper_${i}(values, scale=${i + 1}):\n    total = 0\n    for v in values:\n` +
+  `        total += v * scale\n    return total\n\n`).join('');
+const ENDINGS = ['def main():\n', 'class Runner:\n', 'def test_helpers():\n',
+                 'if __name__ == "__main__":\n'];
+
+async function sharedPrefixRequests(client, concurrent) {
+  const requests = [];
+  for (const ending of ENDINGS) {
+    for (const kv of [{}, { kv_bits: 3.5 }]) {
+      requests.push({ model: 'tinycode-llama', prompt: SHARED_PREFIX + ending, max_tokens: 24,
+                      temperature: 0, ...kv });
+    }
+  }
+  if (!concurrent) {
+    const out = [];
+    for (const r of requests) out.push((await client.completions.create(r)).choices[0].text);
+    return out;
+  }
+  const all = [...requests, ...requests];
+  const texts = await Promise.all(all.map((r, i) => (i % 2
+    ? streamText(client, 'completion', r).then((s) => s.text)
+    : client.completions.create(r).then((c) => c.choices[0].text))));
+  return texts;
+}
+
+test('requests sharing a long prefix, concurrent, equal them on a server without prefix cache',
+     async ({ url, client }) => {
+  const { child, url: plainUrl } = await startServer(['--prefix-cache-gb', '0']);
+  let reference;
+  try {
+    const plain = new OpenAI({ baseURL: `${plainUrl}/v1`, apiKey: 'unused', maxRetries: 0 });
+    reference = await sharedPrefixRequests(plain, false);
+    const off = await curl(`${plainUrl}/metrics`);
+    assert.match(off.text, /^turbokv_prefix_cache_hits_total 0$/m);
+  } finally {
+    child.kill('SIGTERM');
+  }
+  const metric = async (name) => Number((await curl(`${url}/metrics`)).text
+    .match(new RegExp(`^${name} (\\S+)`, 'm'))[1]);
+  const hitsBefore = await metric('turbokv_prefix_cache_hits_total');
+  await client.completions.create({ model: 'tinycode-llama', prompt: SHARED_PREFIX + '#',
+                                    max_tokens: 1, temperature: 0 });
+  const together = await sharedPrefixRequests(client, true);
+  together.forEach((text, i) => assert.equal(text, reference[i % reference.length], `request ${i}`));
+  assert.ok(await metric('turbokv_prefix_cache_hits_total') > hitsBefore);
+  assert.ok(await metric('turbokv_prefix_cache_hit_tokens_total') > 0);
+  assert.ok(await metric('turbokv_prefix_cache_bytes') > 0);
+  assert.ok(await metric('turbokv_prefix_cache_bytes_dense') >
+            await metric('turbokv_prefix_cache_bytes'));
+});
+
+test('slot save/restore is off without --slot-save-path', async ({ url }) => {
+  const res = await curl(`${url}/v1/slots/0?action=save`,
+                         { method: 'POST', body: { filename: 'x.tkv' } });
+  assertOpenAIError(res, 400, 'save without a slot directory');
+  assert.equal(res.json.error.code, 'slot_save_disabled');
+});
+
 test('metrics report requests, tokens, sequences and KV bytes', async ({ url }) => {
   const m = await curl(`${url}/metrics`);
   assert.equal(m.status, 200);
   for (const name of ['turbokv_requests_total', 'turbokv_generated_tokens_total',
-                      'turbokv_active_sequences', 'turbokv_kv_bytes']) {
+                      'turbokv_active_sequences', 'turbokv_kv_bytes',
+                      'turbokv_prefix_cache_hits_total', 'turbokv_prefix_cache_hit_tokens_total',
+                      'turbokv_prefix_cache_bytes', 'turbokv_prefix_cache_bytes_dense',
+                      'turbokv_prefix_cache_evictions_total']) {
     assert.match(m.text, new RegExp(`^${name} \\d+`, 'm'), name);
   }
   assert.ok(Number(m.text.match(/^turbokv_requests_total (\d+)/m)[1]) > 0);
@@ -254,6 +322,65 @@ async function apiKeyTest() {
   }
 }
 
+async function slotsTest() {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'turbokv-slots-'));
+  const slotDir = path.join(dir, 'slots');
+  const { child, url } = await startServer(['--slot-save-path', slotDir, '--slots', '2']);
+  try {
+    const post = (p, body) => curl(`${url}${p}`, { method: 'POST', body });
+    const body = { ...completionParams, max_tokens: 8, id_slot: 0 };
+    const first = await post('/v1/completions', body);
+    assert.equal(first.status, 200, first.text);
+    assert.equal(first.json.usage.prompt_tokens_details.cached_tokens, 0);
+    const prompt = first.json.usage.prompt_tokens;
+    const slots = await curl(`${url}/v1/slots`);
+    assert.equal(slots.json.length, 2);
+    assert.equal(slots.json[0].n_tokens, prompt + 8);
+    assert.equal(slots.json[1].n_tokens, 0);
+    const again = await post('/v1/completions', body);
+    assert.equal(again.json.usage.prompt_tokens_details.cached_tokens, prompt - 1);
+    assert.equal(again.json.choices[0].text, first.json.choices[0].text);
+
+    const saved = await post('/v1/slots/0?action=save', { filename: 'slot0.tkv' });
+    assert.equal(saved.status, 200, saved.text);
+    assert.equal(saved.json.n_saved, prompt + 8);
+    assert.ok(saved.json.n_written > 0);
+    assert.ok(fs.existsSync(path.join(slotDir, 'slot0.tkv')));
+    const restored = await post('/v1/slots/1?action=restore', { filename: 'slot0.tkv' });
+    assert.equal(restored.status, 200, restored.text);
+    assert.equal(restored.json.n_restored, prompt + 8);
+    const onSlot1 = await post('/v1/completions', { ...body, id_slot: 1 });
+    assert.equal(onSlot1.json.usage.prompt_tokens_details.cached_tokens, prompt - 1);
+    assert.equal(onSlot1.json.choices[0].text, first.json.choices[0].text);
+
+    for (const filename of ['../evil.tkv', '../../evil.tkv', path.join(dir, 'evil.tkv'), '..',
+                            'a/b.tkv', '.hidden', '', 'x'.repeat(200)]) {
+      for (const action of ['save', 'restore']) {
+        const res = await post(`/v1/slots/0?action=${action}`, { filename });
+        assertOpenAIError(res, 400, `${action} '${filename}'`);
+        assert.equal(res.json.error.param, 'filename');
+      }
+    }
+    assert.ok(!fs.existsSync(path.join(dir, 'evil.tkv')), 'a file escaped the slot directory');
+    assert.deepEqual(fs.readdirSync(dir), ['slots']);
+    assertOpenAIError(await post('/v1/slots/0?action=restore', { filename: 'none.tkv' }), 404,
+                      'missing file');
+    fs.writeFileSync(path.join(slotDir, 'junk.tkv'), 'not a cache file');
+    const junk = await post('/v1/slots/0?action=restore', { filename: 'junk.tkv' });
+    assertOpenAIError(junk, 400, 'junk file');
+    assert.equal(junk.json.error.code, 'invalid_cache_file');
+    assertOpenAIError(await post('/v1/slots/0?action=fly', { filename: 'a' }), 400, 'action');
+    assertOpenAIError(await post('/v1/slots/7?action=save', { filename: 'a' }), 400, 'slot id');
+    assertOpenAIError(await post('/v1/completions', { ...body, id_slot: 7 }), 400, 'id_slot');
+    const erased = await post('/v1/slots/1?action=erase', {});
+    assert.equal(erased.json.n_erased, prompt + 8);
+    assert.equal((await curl(`${url}/v1/slots`)).json[1].n_tokens, 0);
+  } finally {
+    child.kill('SIGTERM');
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
+
 async function main() {
   const { child, url } = await startServer();
   const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'unused', maxRetries: 0 });
@@ -269,6 +396,7 @@ async function main() {
   };
   for (const t of tests) await run(t.name, () => t.fn({ url, client }));
   await run('API key: 401 without it, served with it', apiKeyTest);
+  await run('slots: id_slot reuse, save/restore in the slot directory only', slotsTest);
   const exited = new Promise((resolve) => child.on('exit', resolve));
   child.kill('SIGTERM');
   const code = await exited;
