@@ -1,6 +1,6 @@
 // `turbokv bench <mode>`: benchmarks that print both sides measured in one run and the ratio.
 // Modes are CLI11 subcommands; `attention` lives here (decode attention: dense f16 vs the
-// quantized caches). Another mode (e.g. `e2e`) adds its own subcommand next to it.
+// quantized caches). Other modes (`e2e`, `prefix`) add their own subcommands next to it.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cli/bench_e2e.h"
+#include "cli/bench_prefix.h"
 #include "cli/command.h"
 #include "core/error.h"
 #include "core/threads.h"
@@ -178,14 +179,17 @@ int bench_main(int argc, char** argv) {
   attention_cmd->add_flag("--json", attention.json, "print one JSON object");
   E2EBenchFlags e2e;
   CLI::App* e2e_cmd = add_e2e_bench(app, e2e);
+  PrefixBenchFlags prefix;
+  CLI::App* prefix_cmd = add_prefix_bench(app, prefix);
   if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
   if (attention_cmd->parsed()) return run_attention_bench(attention);
   if (e2e_cmd->parsed()) return run_e2e_bench(e2e);
+  if (prefix_cmd->parsed()) return run_prefix_bench(prefix);
   return 2;
 }
 
 }  // namespace
 
-TURBOKV_COMMAND("bench", "benchmarks (attention, e2e)", bench_main);
+TURBOKV_COMMAND("bench", "benchmarks (attention, e2e, prefix)", bench_main);
 
 }  // namespace turbokv::cli

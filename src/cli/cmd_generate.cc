@@ -2,6 +2,9 @@
 // --compare-dense runs the prompt greedily with the dense cache and with the KV flags, prints both
 // outputs, their position-by-position agreement, and the teacher-forced agreement (the quantized
 // cache fed the dense tokens, picking the dense model's next token or not).
+// --prompt-cache FILE keeps the KV cache and tokens in FILE: a later run whose prompt starts the
+// same skips prefilling that part, and --continue goes on from the saved tokens (the prompt, if
+// any, appended), producing what the first process would have produced next.
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -14,8 +17,8 @@ namespace {
 struct GenerateFlags {
   EngineFlags engine;
   SamplingFlags sampling;
-  std::string prompt, system;
-  bool chat = false, json = false, ignore_eos = false, compare_dense = false;
+  std::string prompt, system, prompt_cache;
+  bool chat = false, json = false, ignore_eos = false, compare_dense = false, resume = false;
 };
 
 std::vector<int32_t> prompt_tokens(const Engine& engine, const GenerateFlags& f) {
@@ -27,22 +30,26 @@ std::vector<int32_t> prompt_tokens(const Engine& engine, const GenerateFlags& f)
 }
 
 void print_stats(const GenerationStats& s) {
-  std::fprintf(stderr,
-               "\nprompt: %lld tokens, %.1f tok/s | generation: %lld tokens, %.1f tok/s | "
-               "KV %s: %zu bytes for %lld tokens, dense fp16 %zu bytes (%.3fx)\n",
-               static_cast<long long>(s.prompt_tokens), s.prompt_tps,
-               static_cast<long long>(s.generated_tokens), s.generation_tps,
-               kv_scheme_name(s.kv.scheme), s.kv_bytes, static_cast<long long>(s.cached_tokens),
-               s.kv_bytes_dense,
-               s.kv_bytes_dense ? double(s.kv_bytes) / double(s.kv_bytes_dense) : 0.0);
+  std::fprintf(
+      stderr,
+      "\nprompt: %lld tokens (%lld cached), %.1f tok/s | generation: %lld tokens, %.1f "
+      "tok/s | KV %s: %zu bytes for %lld tokens, dense fp16 %zu bytes (%.3fx)\n",
+      static_cast<long long>(s.prompt_tokens), static_cast<long long>(s.prompt_cached_tokens),
+      s.prompt_tps, static_cast<long long>(s.generated_tokens), s.generation_tps,
+      kv_scheme_name(s.kv.scheme), s.kv_bytes, static_cast<long long>(s.cached_tokens),
+      s.kv_bytes_dense, s.kv_bytes_dense ? double(s.kv_bytes) / double(s.kv_bytes_dense) : 0.0);
 }
 
 nlohmann::json stats_json(const GenerationStats& s) {
-  nlohmann::json j = {
-      {"prompt_tokens", s.prompt_tokens},   {"generated_tokens", s.generated_tokens},
-      {"prompt_tps", s.prompt_tps},         {"generation_tps", s.generation_tps},
-      {"cached_tokens", s.cached_tokens},   {"kv_bytes", s.kv_bytes},
-      {"kv_bytes_dense", s.kv_bytes_dense}, {"kv_scheme", kv_scheme_name(s.kv.scheme)}};
+  nlohmann::json j = {{"prompt_tokens", s.prompt_tokens},
+                      {"generated_tokens", s.generated_tokens},
+                      {"prompt_tps", s.prompt_tps},
+                      {"generation_tps", s.generation_tps},
+                      {"cached_tokens", s.cached_tokens},
+                      {"kv_bytes", s.kv_bytes},
+                      {"kv_bytes_dense", s.kv_bytes_dense},
+                      {"kv_scheme", kv_scheme_name(s.kv.scheme)},
+                      {"prompt_cached_tokens", s.prompt_cached_tokens}};
   if (s.kv.scheme != KVScheme::kDense) {
     j["kv_key_bits"] = s.kv.key_bits;
     j["kv_value_bits"] = s.kv.value_bits;
@@ -113,23 +120,50 @@ int run_generate(int argc, char** argv) {
   GenerateFlags f;
   f.engine.add_to(app);
   f.sampling.add_to(app);
-  app.add_option("--prompt", f.prompt, "the prompt text")->required();
+  CLI::Option* prompt =
+      app.add_option("--prompt", f.prompt, "the prompt text (required unless --continue)");
   app.add_flag("--chat", f.chat, "wrap the prompt as a user message in the chat template");
   app.add_option("--system", f.system, "system message (with --chat)");
   app.add_flag("--json", f.json, "print one JSON object with the text and statistics");
   app.add_flag("--ignore-eos", f.ignore_eos, "generate max-tokens tokens even past EOS");
   app.add_flag("--compare-dense", f.compare_dense,
                "greedy output with the dense cache and with the KV flags, and token agreement");
+  app.add_option("--prompt-cache", f.prompt_cache,
+                 "cache file: reuse the KV of its tokens when the prompt starts with them, and "
+                 "save the KV and tokens there after");
+  app.add_flag("--continue", f.resume,
+               "go on from the tokens saved in --prompt-cache (--prompt, if given, is appended)");
   if (int rc = parse(app, argc, argv); rc >= 0) return rc;
   if (!f.system.empty() && !f.chat) throw InvalidArgument("--system needs --chat");
+  if (prompt->count() == 0 && !f.resume) throw InvalidArgument("--prompt is required");
+  if (f.resume && (f.prompt_cache.empty() || f.chat)) {
+    throw InvalidArgument("--continue needs --prompt-cache FILE and does not take --chat");
+  }
+  if (f.compare_dense && !f.prompt_cache.empty()) {
+    throw InvalidArgument("--compare-dense does not take --prompt-cache");
+  }
 
   auto engine = f.engine.load();
   if (f.compare_dense) return compare_with_dense(*engine, f);
 
+  PromptCache cache(*engine, f.prompt_cache, f.engine.kv.options());
   GenerateOptions options = f.sampling.options();
   options.ignore_eos = f.ignore_eos;
+  options.session = cache.shared();
   if (f.chat) options.stop_token_ids = engine->chat_stop_token_ids();
-  const auto tokens = prompt_tokens(*engine, f);
+  std::vector<int32_t> tokens;
+  if (f.resume) {
+    if (cache.session().tokens().empty()) {
+      throw InvalidArgument(str_cat("--continue: '", f.prompt_cache, "' holds no saved tokens"));
+    }
+    tokens = cache.session().tokens();
+    if (!f.prompt.empty()) {
+      const auto more = engine->encode(f.prompt, /*add_special_tokens=*/false);
+      tokens.insert(tokens.end(), more.begin(), more.end());
+    }
+  } else {
+    tokens = prompt_tokens(*engine, f);
+  }
   PrefillProgress progress(static_cast<int64_t>(tokens.size()));
   const auto result = engine->generate(tokens, options, [&](const GenerationChunk& c) {
     progress.update(c);
@@ -139,9 +173,11 @@ int run_generate(int argc, char** argv) {
     }
     return true;
   });
+  cache.save();
   if (f.json) {
     nlohmann::json j = stats_json(result.stats);
     j["text"] = result.text;
+    j["tokens"] = result.tokens;
     j["finish_reason"] = finish_reason_name(result.finish_reason);
     std::printf("%s\n", j.dump().c_str());
   } else {

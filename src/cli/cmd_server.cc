@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <filesystem>
 #include <thread>
 
 #include "cli/engine_flags.h"
@@ -41,9 +42,25 @@ int run_server(int argc, char** argv) {
                  "largest max_tokens a request may ask for (also the default)");
   app.add_option("--max-body-bytes", options.max_body_bytes, "larger request bodies get 413");
   app.add_option("--http-threads", options.http_threads, "connections served at once");
+  app.add_option("--slots", options.slots,
+                 "sessions requests can pick with id_slot (default: --max-sequences)");
+  app.add_option("--slot-save-path", options.slot_save_path,
+                 "directory of the slot files of POST /v1/slots/{id}?action=save|restore "
+                 "(default: save/restore off)");
   if (int rc = parse(app, argc, argv); rc >= 0) return rc;
   if (options.max_tokens < 1) throw InvalidArgument("--max-tokens-limit must be >= 1");
   if (options.http_threads < 1) throw InvalidArgument("--http-threads must be >= 1");
+  if (options.slots < 0 || options.slots > 1024) {
+    throw InvalidArgument(str_cat("--slots ", options.slots, " is not in 0..1024"));
+  }
+  if (!options.slot_save_path.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(options.slot_save_path, error);
+    if (!std::filesystem::is_directory(options.slot_save_path, error)) {
+      throw IoError(
+          str_cat("--slot-save-path '", options.slot_save_path, "' is not a usable directory"));
+    }
+  }
   // Every sequence decodes one token per step and prefill still gets a full chunk.
   engine_options.max_batch_tokens = std::max(
       engine_options.max_batch_tokens, engine_options.max_sequences + engine_options.prefill_chunk);

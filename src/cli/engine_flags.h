@@ -1,11 +1,13 @@
-// Flags shared by generate, chat and server: the model, device, threads, KV options and the
-// sampling options, and loading an Engine from them (with progress on a TTY).
+// Flags shared by generate, chat and server: the model, device, threads, KV options, the prefix
+// cache budget and the sampling options, and loading an Engine from them (with progress on a
+// TTY); --prompt-cache FILE of generate and chat.
 #pragma once
 
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -24,12 +26,16 @@ struct EngineFlags {
   std::string model = default_model_dir();
   std::string device = "cpu";
   int threads = 0;
+  double prefix_cache_gb = -1;
   KVFlags kv;
 
   void add_to(CLI::App& app) {
     app.add_option("--model", model, "model directory (default: the shipped tinycode-llama)");
     app.add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
     app.add_option("--threads", threads, "worker threads (default: all cores)");
+    app.add_option("--prefix-cache-gb", prefix_cache_gb,
+                   "memory of the automatic prefix cache in GiB (0: off; default: a tenth of the "
+                   "RAM, at most 8)");
     kv.add_to(app);
   }
 
@@ -41,6 +47,13 @@ struct EngineFlags {
           "wired into the model yet); use --device cpu");
     }
     options.kv = kv.options();
+    if (prefix_cache_gb != -1) {
+      if (!(prefix_cache_gb >= 0 && prefix_cache_gb <= 1 << 20)) {
+        throw InvalidArgument(
+            str_cat("--prefix-cache-gb ", prefix_cache_gb, " is not a size in GiB (0: off)"));
+      }
+      options.prefix_cache_bytes = static_cast<int64_t>(prefix_cache_gb * double(1 << 30));
+    }
     if (threads != 0) set_num_threads(threads);
     const bool tty = stderr_is_tty();
     if (tty) std::fprintf(stderr, "loading %s ...", model.c_str());
@@ -106,6 +119,34 @@ class PrefillProgress {
   int64_t total_;
   bool enabled_;
   bool shown_ = false;
+};
+
+// --prompt-cache FILE (generate, chat): the session saved in FILE when it exists, which must
+// belong to the same model and KV settings (else a clear error, never a silent reprefill), or
+// a new one; save() writes it back.
+class PromptCache {
+ public:
+  PromptCache(Engine& engine, std::string path, const KVOptions& kv)
+      : engine_(engine), path_(std::move(path)) {
+    if (!path_.empty() && std::filesystem::exists(path_)) {
+      session_ = engine.load_session(path_, kv);
+      loaded_ = true;
+    } else {
+      session_ = engine.new_session(kv);
+    }
+  }
+  Session& session() { return *session_; }
+  const std::shared_ptr<Session>& shared() const { return session_; }
+  bool loaded() const { return loaded_; }
+  void save() {
+    if (!path_.empty()) engine_.save_session(*session_, path_);
+  }
+
+ private:
+  Engine& engine_;
+  std::string path_;
+  std::shared_ptr<Session> session_;
+  bool loaded_ = false;
 };
 
 }  // namespace turbokv::cli

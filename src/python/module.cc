@@ -5,8 +5,19 @@
 // KV options given to load() are the defaults; the same options given to generate() override
 // them for that call. InvalidArgument -> ValueError, other errors -> RuntimeError. Generation
 // runs with the GIL released.
+//
+// Prompt caches (mlx-lm's make_prompt_cache / save_prompt_cache / load_prompt_cache): a
+// session of the engine that generate(..., prompt_cache=cache) runs on and leaves its KV in,
+// so the next call whose prompt starts with cache.tokens prefills only the rest:
+//   cache = turbokv.make_cache(model)
+//   turbokv.generate(model, processor, prompt, prompt_cache=cache)
+//   turbokv.save_cache("chat.tkv", cache, {"title": "demo"})
+//   cache, meta = turbokv.load_cache(model, "chat.tkv", return_metadata=True)
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "kv/kv_resolve.h"
@@ -19,6 +30,12 @@ namespace {
 
 struct PyModel {
   std::shared_ptr<Engine> engine;
+};
+
+// A prompt cache: an engine session and the engine it belongs to.
+struct PromptCache {
+  std::shared_ptr<Engine> engine;
+  std::shared_ptr<Session> session;
 };
 
 struct Processor {
@@ -98,9 +115,9 @@ KVOptions kv_options(KVOptions kv, const py::kwargs& kw) {
 const char* const kKVArgs[] = {"kv_bits",         "kv_key_bits",   "kv_value_bits",
                                "kv_quant_scheme", "kv_group_size", "quantized_kv_start",
                                "kv_seed"};
-const char* const kGenerateArgs[] = {"max_tokens", "temperature", "top_p",
-                                     "top_k",      "min_p",       "repetition_penalty",
-                                     "seed",       "stop",        "ignore_eos"};
+const char* const kGenerateArgs[] = {"max_tokens", "temperature",        "top_p", "top_k",
+                                     "min_p",      "repetition_penalty", "seed",  "stop",
+                                     "ignore_eos", "prompt_cache"};
 
 void check_kwargs(const py::kwargs& kw, bool generation) {
   for (const auto& [key, value] : kw) {
@@ -135,8 +152,41 @@ GenerateOptions generate_options(const Engine& engine, const py::kwargs& kw) {
     }
   }
   if (arg("ignore_eos")) o.ignore_eos = kw["ignore_eos"].cast<bool>();
-  o.kv = kv_options(engine.options().kv, kw);
+  const bool kv_given = std::any_of(std::begin(kKVArgs), std::end(kKVArgs),
+                                    [&](const char* name) { return arg(name); });
+  if (arg("prompt_cache")) {
+    if (!py::isinstance<PromptCache>(kw["prompt_cache"])) {
+      throw py::type_error("prompt_cache must be a PromptCache (turbokv.make_cache, load_cache)");
+    }
+    const auto& cache = kw["prompt_cache"].cast<const PromptCache&>();
+    if (cache.engine != nullptr && cache.engine.get() != &engine) {
+      throw InvalidArgument("prompt_cache was made for another model");
+    }
+    o.session = cache.session;
+  }
+  // A prompt cache keeps its own KV settings unless the call names some.
+  if (!o.session || kv_given) o.kv = kv_options(engine.options().kv, kw);
   return o;
+}
+
+// metadata dict[str, str] <-> the session's metadata text (a JSON object).
+std::string metadata_text(const py::object& metadata) {
+  if (metadata.is_none()) return "";
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [key, value] : metadata.cast<py::dict>()) {
+    j[key.cast<std::string>()] = value.cast<std::string>();
+  }
+  return j.dump();
+}
+
+py::dict metadata_dict(const std::string& text) {
+  py::dict out;
+  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return out;
+  for (const auto& [key, value] : j.items()) {
+    if (value.is_string()) out[py::str(key)] = value.get<std::string>();
+  }
+  return out;
 }
 
 std::vector<int32_t> prompt_tokens(const Engine& engine, const py::object& prompt) {
@@ -216,6 +266,18 @@ PYBIND11_MODULE(turbokv, m) {
       .def_readonly("cached_tokens", &GenerationResponse::cached_tokens)
       .def_readonly("finish_reason", &GenerationResponse::finish_reason);
 
+  py::class_<PromptCache>(m, "PromptCache")
+      .def_property_readonly("tokens", [](const PromptCache& c) { return c.session->tokens(); })
+      .def_property_readonly("cached_tokens",
+                             [](const PromptCache& c) { return c.session->cached_tokens(); })
+      .def_property_readonly("kv_bytes", [](const PromptCache& c) { return c.session->kv_bytes(); })
+      .def_property_readonly("kv_bytes_dense",
+                             [](const PromptCache& c) { return c.session->kv_bytes_dense(); })
+      .def_property_readonly(
+          "kv_scheme", [](const PromptCache& c) { return kv_scheme_name(c.session->kv().scheme); })
+      .def("clear", [](PromptCache& c) { c.session->clear(); })
+      .def("__len__", [](const PromptCache& c) { return c.session->tokens().size(); });
+
   py::class_<StreamIterator>(m, "StreamIterator")
       .def("__iter__", [](StreamIterator& it) -> StreamIterator& { return it; })
       .def("__next__", &StreamIterator::next);
@@ -239,6 +301,49 @@ PYBIND11_MODULE(turbokv, m) {
       "load(path=None, **kv_options) -> (model, processor); path defaults to the shipped model");
 
   m.def(
+      "make_cache",
+      [](const PyModel& model, const py::kwargs& kw) {
+        check_kwargs(kw, /*generation=*/false);
+        return PromptCache{model.engine,
+                           model.engine->new_session(kv_options(model.engine->options().kv, kw))};
+      },
+      py::arg("model"),
+      "make_cache(model, **kv_options) -> PromptCache: an empty prompt cache for "
+      "generate(..., prompt_cache=cache)");
+
+  m.def(
+      "save_cache",
+      [](const std::string& path, PromptCache& cache, const py::object& metadata) {
+        if (!metadata.is_none()) cache.session->set_metadata(metadata_text(metadata));
+        py::gil_scoped_release release;
+        cache.engine->save_session(*cache.session, path);
+      },
+      py::arg("path"), py::arg("cache"), py::arg("metadata") = py::none(),
+      "save_cache(path, cache, metadata=None): writes the cache's KV, tokens and metadata "
+      "(dict of str) to a CRC-checked file that records the model and KV settings");
+
+  m.def(
+      "load_cache",
+      [](const PyModel& model, const std::string& path, bool return_metadata,
+         const py::kwargs& kw) -> py::object {
+        check_kwargs(kw, /*generation=*/false);
+        std::optional<KVOptions> kv;
+        if (kw.size() > 0) kv = kv_options(model.engine->options().kv, kw);
+        std::shared_ptr<Session> session;
+        {
+          py::gil_scoped_release release;
+          session = model.engine->load_session(path, kv);
+        }
+        PromptCache cache{model.engine, session};
+        if (!return_metadata) return py::cast(cache);
+        return py::make_tuple(cache, metadata_dict(session->metadata()));
+      },
+      py::arg("model"), py::arg("path"), py::arg("return_metadata") = false,
+      "load_cache(model, path, return_metadata=False, **kv_options) -> PromptCache (or "
+      "(PromptCache, metadata)); ValueError for a file of another model or other KV settings, "
+      "RuntimeError for a corrupted or truncated one");
+
+  m.def(
       "generate",
       [](const PyModel& model, const Processor&, const py::object& prompt, const py::kwargs& kw) {
         const auto options = generate_options(*model.engine, kw);
@@ -248,7 +353,8 @@ PYBIND11_MODULE(turbokv, m) {
       },
       py::arg("model"), py::arg("processor"), py::arg("prompt"),
       "generate(model, processor, prompt, max_tokens=256, temperature=0.0, top_p=1.0, top_k=0, "
-      "min_p=0.0, repetition_penalty=1.0, seed=0, stop=None, kv_bits=None, ...) -> str");
+      "min_p=0.0, repetition_penalty=1.0, seed=0, stop=None, kv_bits=None, prompt_cache=None, "
+      "...) -> str");
 
   m.def(
       "stream_generate",
