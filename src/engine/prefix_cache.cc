@@ -212,6 +212,8 @@ void PrefixCache::insert(const std::string& settings, std::span<const int32_t> t
 
   Node* parent = nullptr;
   uint64_t key = root->key;
+  const uint64_t root_key = root->key;
+  const uint64_t insert_start = clock_ + 1;  // nodes of this chain are used from here on
   for (int64_t end = B; end <= blocks * B; end += B) {
     const auto block = tokens.subspan(size_t(end - B), size_t(B));
     Node* node = find_child(*root, parent, key, block);
@@ -241,13 +243,21 @@ void PrefixCache::insert(const std::string& settings, std::span<const int32_t> t
       stats_.bytes += node->bytes;
       ++stats_.blocks;
       stats_.tokens += B;
+      // Older blocks make room; when only this chain is left, the chain stops here.
+      while (stats_.bytes > capacity_ && leaves_.begin()->first < insert_start) evict_one();
+      if (stats_.bytes > capacity_) {
+        evict_one();  // the block just added: the only leaf left
+        break;
+      }
     } else {
       touch(*node);
     }
     parent = node;
     key = node->key;
   }
-  if (root->children == 0) drop_root(root);
+  if (const auto it = roots_.find(root_key); it != roots_.end() && it->second->children == 0) {
+    drop_root(it->second.get());  // not one block of it could be kept
+  }
   while (stats_.bytes > capacity_ && !leaves_.empty()) evict_one();
   stats_.bytes_dense = 0;
   for (const auto& l : layers_) {

@@ -192,6 +192,23 @@ TEST(PrefixCache, EvictionKeepsTheBudgetLeastRecentlyUsedFirst) {
   EXPECT_EQ(s.bytes_dense, size_t(s.tokens) * 2 * 2 * 32 * 2 * 2);
 }
 
+TEST(PrefixCache, APromptLargerThanTheBudgetKeepsTheBlocksThatFit) {
+  Fixture probe;
+  probe.serve(kv_of(3.5), sequence(32, 12));
+  const size_t two_blocks = probe.cache.stats().bytes;  // and the root
+  Fixture f(two_blocks + two_blocks / 4);
+  f.serve(kv_of(3.5), sequence(40, 13));  // an older entry, evicted to make room
+  const auto big = sequence(200, 14);
+  f.serve(kv_of(3.5), big);
+  EXPECT_LE(f.cache.stats().bytes, f.cache.stats().capacity_bytes);
+  EXPECT_EQ(f.cache.stats().blocks, 2);
+  EXPECT_EQ(f.check(kv_of(3.5), big), 32);
+  Fixture tiny(16);  // not even the root and one block: nothing is kept
+  tiny.serve(kv_of(3.5), big);
+  EXPECT_EQ(tiny.cache.stats().blocks, 0);
+  EXPECT_EQ(tiny.cache.stats().bytes, 0u);
+}
+
 TEST(PrefixCache, QuantizedBlocksCostAFractionOfDenseOnes) {
   Fixture dense, tq;
   const auto a = sequence(256, 11);
