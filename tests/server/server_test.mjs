@@ -252,10 +252,19 @@ async function sharedPrefixRequests(client, concurrent) {
     for (const r of requests) out.push((await client.completions.create(r)).choices[0].text);
     return out;
   }
+  // Every request twice (half streamed), plus streams of the same prompts abandoned after
+  // their first chunk: their caches, partly filled, also go into the prefix cache.
   const all = [...requests, ...requests];
-  const texts = await Promise.all(all.map((r, i) => (i % 2
-    ? streamText(client, 'completion', r).then((s) => s.text)
-    : client.completions.create(r).then((c) => c.choices[0].text))));
+  const abandon = async (r) => {
+    const stream = await client.completions.create({ ...r, max_tokens: 200, stream: true });
+    await stream[Symbol.asyncIterator]().next();  // the first chunk, then the client leaves
+    stream.controller.abort();
+  };
+  const [texts] = await Promise.all([
+    Promise.all(all.map((r, i) => (i % 2
+      ? streamText(client, 'completion', r).then((s) => s.text)
+      : client.completions.create(r).then((c) => c.choices[0].text)))),
+    Promise.all(requests.map(abandon))]);
   return texts;
 }
 
@@ -278,6 +287,8 @@ test('requests sharing a long prefix, concurrent, equal them on a server without
                                     max_tokens: 1, temperature: 0 });
   const together = await sharedPrefixRequests(client, true);
   together.forEach((text, i) => assert.equal(text, reference[i % reference.length], `request ${i}`));
+  const after = await sharedPrefixRequests(client, false);  // from the blocks those left behind
+  after.forEach((text, i) => assert.equal(text, reference[i], `later request ${i}`));
   assert.ok(await metric('turbokv_prefix_cache_hits_total') > hitsBefore);
   assert.ok(await metric('turbokv_prefix_cache_hit_tokens_total') > 0);
   assert.ok(await metric('turbokv_prefix_cache_bytes') > 0);
