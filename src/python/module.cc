@@ -65,6 +65,7 @@ struct GenerationResponse {
   std::string kv_scheme, finish_reason;
   double kv_key_bits = 16, kv_value_bits = 16;
   int64_t cached_tokens = 0;  // tokens held in the KV cache (prompt + generated - 1 at the end)
+  int64_t prompt_cached_tokens = 0;  // prompt tokens reused from a prompt cache or prefix cache
 };
 
 GenerationResponse response_of(const GenerationChunk& c) {
@@ -81,6 +82,7 @@ GenerationResponse response_of(const GenerationChunk& c) {
   r.kv_key_bits = c.stats.kv.key_bits;
   r.kv_value_bits = c.stats.kv.value_bits;
   r.cached_tokens = c.stats.cached_tokens;
+  r.prompt_cached_tokens = c.stats.prompt_cached_tokens;
   if (c.done) r.finish_reason = finish_reason_name(c.finish_reason);
   return r;
 }
@@ -264,6 +266,7 @@ PYBIND11_MODULE(turbokv, m) {
       .def_readonly("kv_key_bits", &GenerationResponse::kv_key_bits)
       .def_readonly("kv_value_bits", &GenerationResponse::kv_value_bits)
       .def_readonly("cached_tokens", &GenerationResponse::cached_tokens)
+      .def_readonly("prompt_cached_tokens", &GenerationResponse::prompt_cached_tokens)
       .def_readonly("finish_reason", &GenerationResponse::finish_reason);
 
   py::class_<PromptCache>(m, "PromptCache")

@@ -66,9 +66,10 @@ cache, meta = turbokv.load_cache(model, {path!r}, return_metadata=True)
 chunks = list(turbokv.stream_generate(model, processor, cache.tokens, max_tokens=12,
                                       ignore_eos=True, prompt_cache=cache))
 print(json.dumps({{"meta": meta, "tokens": [c.token for c in chunks if c.token >= 0],
-                   "scheme": cache.kv_scheme}}))
+                   "reused": chunks[-1].prompt_cached_tokens}}))
 """)
     assert rest["meta"] == {"note": "first half"}
+    assert rest["reused"] == len(processor.encode(PROMPT)) + 12 - 1
     assert first + rest["tokens"] == whole
 
 
