@@ -100,6 +100,21 @@ TEST(PrefixCacheGolden, GreedyTokensWithThePrefixCacheOnEqualThoseWithItOff) {
   EXPECT_EQ(off->metrics().prefix_cache_hits, 0);
 }
 
+TEST(PrefixCacheGolden, APromptThatGoesOnFromAnAnswerReusesTheAnswersBlocks) {
+  auto on = Engine::load(model_dir(), engine_options(true));
+  auto off = Engine::load(model_dir(), engine_options(false));
+  const Prompts p = prompts(*on);
+  for (const auto& kv : {std::optional<KVOptions>(KVOptions{}), std::optional(kv_bits(3.5))}) {
+    const auto answer = greedy(*on, p.c, kv, 48);  // its generated blocks are cached too
+    auto next = p.c;
+    next.insert(next.end(), answer.begin(), answer.end());
+    next.push_back(p.a.back());
+    const auto hits_before = on->metrics().prefix_cache_hit_tokens;
+    EXPECT_EQ(greedy(*on, next, kv), greedy(*off, next, kv));
+    EXPECT_GT(on->metrics().prefix_cache_hit_tokens - hits_before, int64_t(p.c.size()));
+  }
+}
+
 TEST(PrefixCacheGolden, BatchedRequestsSharingAPrefixEqualTheSameRequestsAlone) {
   auto on = Engine::load(model_dir(), engine_options(true));
   auto off = Engine::load(model_dir(), engine_options(false));
