@@ -1,9 +1,13 @@
 // Cache policy (docs/design.md, "Cache policy"): the plan, and the CPU caches built from it
-// (behind a StagedKVCache when quantized_kv_start > 0).
+// (behind a StagedKVCache when quantized_kv_start > 0; RecurrentState and SharedKVCache for
+// linear-attention and KV-shared layers).
 #include "kv/cache_policy.h"
+
+#include <algorithm>
 
 #include "core/error.h"
 #include "kv/dense_kv_cache.h"
+#include "kv/recurrent_state.h"
 #include "kv/staged_kv_cache.h"
 
 namespace turbokv {
@@ -14,6 +18,8 @@ const char* layer_cache_kind_name(LayerCacheKind kind) {
     case LayerCacheKind::kRotating: return "rotating";
     case LayerCacheKind::kTurboQuant: return "turboquant";
     case LayerCacheKind::kUniform: return "uniform";
+    case LayerCacheKind::kRecurrent: return "recurrent";
+    case LayerCacheKind::kShared: return "shared";
   }
   return "?";
 }
@@ -59,14 +65,32 @@ std::vector<LayerCachePlan> plan_layer_caches(const std::vector<LayerSpec>& laye
   }
   std::vector<LayerCachePlan> plan;
   plan.reserve(layers.size());
+  const int last_attention = last_attention_cache(layers);
   for (size_t i = 0; i < layers.size(); ++i) {
     const LayerSpec& spec = layers[i];
-    check_kv_shape(spec.kv_heads, spec.head_dim);
-    const bool last = i + 1 == layers.size();
+    const bool last = int(i) == last_attention;
     LayerCachePlan p;
+    p.layer = spec.kind;
     p.kv_heads = spec.kv_heads;
     p.head_dim = spec.head_dim;
-    if (spec.sliding_window > 0) {
+    if (spec.kind == LayerStateKind::kRecurrent) {
+      p.kind = LayerCacheKind::kRecurrent;  // untouched by every scheme
+      p.recurrent = spec.recurrent;
+      plan.push_back(p);
+      continue;
+    }
+    check_kv_shape(spec.kv_heads, spec.head_dim);
+    if (spec.kind == LayerStateKind::kShared) {
+      const int owner = spec.shared_with;
+      if (owner < 0 || size_t(owner) >= i || layers[size_t(owner)].kind != LayerStateKind::kAttention) {
+        throw InvalidArgument(str_cat("layer ", i, " shares the cache of layer ", owner,
+                                      ", which must be an earlier attention layer"));
+      }
+      p.kind = LayerCacheKind::kShared;
+      p.shared_with = owner;
+    } else if (spec.kind == LayerStateKind::kLatent) {
+      p.kind = LayerCacheKind::kDense;  // MLA latents stay dense, untouched by every scheme
+    } else if (spec.sliding_window > 0) {
       p.kind = LayerCacheKind::kRotating;
       p.window = spec.sliding_window;
     } else if (kv.scheme == KVScheme::kDense || (last && kv.last_layer_dense)) {
@@ -96,6 +120,17 @@ LayerCaches make_layer_caches(const std::vector<LayerCachePlan>& plan, KVDType d
       case LayerCacheKind::kDense:
         caches.push_back(std::make_unique<DenseKVCache>(p.kv_heads, p.head_dim, dense_dtype));
         break;
+      case LayerCacheKind::kRecurrent:
+        caches.push_back(std::make_unique<RecurrentState>(p.recurrent));
+        break;
+      case LayerCacheKind::kShared:
+        if (p.shared_with < 0 || size_t(p.shared_with) >= caches.size()) {
+          throw InvalidArgument(str_cat("a shared layer's owner ", p.shared_with,
+                                        " must come before it in the plan"));
+        }
+        caches.push_back(
+            std::make_unique<SharedKVCache>(caches[size_t(p.shared_with)].get(), p.shared_with));
+        break;
       case LayerCacheKind::kTurboQuant:
       case LayerCacheKind::kUniform:
         if (p.quantized_kv_start > 0) {
@@ -108,6 +143,32 @@ LayerCaches make_layer_caches(const std::vector<LayerCachePlan>& plan, KVDType d
     }
   }
   return caches;
+}
+
+int last_attention_cache(const std::vector<LayerSpec>& layers) {
+  for (size_t i = layers.size(); i-- > 0;) {
+    if (layers[i].kind == LayerStateKind::kAttention) return int(i);
+    if (layers[i].kind == LayerStateKind::kShared) return layers[i].shared_with;
+  }
+  return -1;
+}
+
+std::string summarize_plan(const std::vector<LayerCachePlan>& plan) {
+  std::vector<std::pair<std::string, int>> counts;
+  for (const LayerCachePlan& p : plan) {
+    std::string name = layer_cache_kind_name(p.kind);
+    if (p.layer == LayerStateKind::kLatent) name = "latent dense";
+    auto it = std::find_if(counts.begin(), counts.end(),
+                           [&](const auto& c) { return c.first == name; });
+    if (it == counts.end()) {
+      counts.emplace_back(name, 1);
+    } else {
+      ++it->second;
+    }
+  }
+  std::string out;
+  for (const auto& [name, n] : counts) out += str_cat(out.empty() ? "" : ", ", n, " ", name);
+  return out;
 }
 
 LayerCaches make_layer_caches(const std::vector<LayerSpec>& layers, const ResolvedKV& kv) {

@@ -1,11 +1,16 @@
 // Cache policy (docs/design.md, "Cache policy"): which cache each layer gets. The decision is a
 // plan (plan_layer_caches) that every backend builds its caches from, so the CPU and the GPU
 // apply one rule:
+//  - layers that are not softmax attention are never quantized: linear attention keeps a
+//    recurrent state, latent (MLA) layers a dense cache of their latent rows, KV-shared layers
+//    read their owner's cache (so its K/V are stored, and compressed, once);
 //  - sliding-window layers: a rotating dense cache, never quantized;
-//  - the last layer stays dense unless ResolvedKV::last_layer_dense is false;
+//  - the last attention layer (the cache the last attending layer reads, which need not be the
+//    last layer) stays dense unless ResolvedKV::last_layer_dense is false;
 //  - other (global) layers: the scheme of ResolvedKV, dense until quantized_kv_start tokens.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "kv/kv_cache.h"
@@ -14,12 +19,15 @@
 
 namespace turbokv {
 
-enum class LayerCacheKind { kDense, kRotating, kTurboQuant, kUniform };
+enum class LayerCacheKind { kDense, kRotating, kTurboQuant, kUniform, kRecurrent, kShared };
 const char* layer_cache_kind_name(LayerCacheKind kind);  // "dense", "rotating", ...
 
 // The cache one layer gets.
 struct LayerCachePlan {
   LayerCacheKind kind = LayerCacheKind::kDense;
+  LayerStateKind layer = LayerStateKind::kAttention;  // what the layer keeps (LayerSpec::kind)
+  int shared_with = -1;                                // kShared: the owner layer
+  RecurrentShape recurrent{};                          // kRecurrent
   int kv_heads = 0;
   int head_dim = 0;
   int window = 0;                  // kRotating: the sliding window
@@ -39,6 +47,13 @@ LayerCaches make_layer_caches(const std::vector<LayerSpec>& layers, const Resolv
 LayerCaches make_layer_caches(const std::vector<LayerSpec>& layers, const ResolvedKV& kv,
                               KVDType dense_dtype);
 LayerCaches make_layer_caches(const std::vector<LayerCachePlan>& plan, KVDType dense_dtype);
+
+// The layer whose cache the last attending layer reads: the last attention layer, or the
+// owner of a trailing KV-shared layer; -1 when no layer attends over a KV cache.
+int last_attention_cache(const std::vector<LayerSpec>& layers);
+
+// A one-line summary such as "6 recurrent, 1 turboquant, 1 dense".
+std::string summarize_plan(const std::vector<LayerCachePlan>& plan);
 
 // The cache configurations a ResolvedKV selects.
 TurboQuantKVConfig turboquant_config(const ResolvedKV& kv);

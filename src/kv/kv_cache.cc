@@ -7,6 +7,20 @@
 
 namespace turbokv {
 
+const char* layer_state_kind_name(LayerStateKind kind) {
+  switch (kind) {
+    case LayerStateKind::kAttention:
+      return "attention";
+    case LayerStateKind::kRecurrent:
+      return "recurrent";
+    case LayerStateKind::kLatent:
+      return "latent";
+    case LayerStateKind::kShared:
+      return "shared";
+  }
+  return "?";
+}
+
 void check_kv_shape(int kv_heads, int head_dim) {
   if (kv_heads < 1 || kv_heads > 1024) {
     throw InvalidArgument(str_cat("kv_heads ", kv_heads, " is out of range (1..1024)"));

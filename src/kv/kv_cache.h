@@ -22,11 +22,32 @@ namespace turbokv {
 class ByteWriter;
 class ByteReader;
 
-// What the cache policy needs to know about one attention layer.
+// What a layer keeps per sequence; the cache policy maps each kind to a cache type.
+enum class LayerStateKind : uint8_t {
+  kAttention,  // softmax attention: K/V of every token (global) or of a window (sliding)
+  kRecurrent,  // linear attention: a fixed-size recurrent state (RecurrentState), no tokens
+  kLatent,     // multi-head latent attention: one compressed latent row per token, kept dense
+  kShared,     // reads the cache of layer shared_with (KV sharing); stores nothing itself
+};
+const char* layer_state_kind_name(LayerStateKind kind);  // "attention", "recurrent", ...
+
+// Sizes of a linear-attention layer's recurrent state (kRecurrent).
+struct RecurrentShape {
+  int conv_channels = 0;  // channels of the short causal convolution
+  int conv_history = 0;   // past inputs it keeps per channel (kernel size - 1)
+  int heads = 0;          // value heads; each has a [k_dim, v_dim] state matrix
+  int k_dim = 0;
+  int v_dim = 0;
+};
+
+// What the cache policy needs to know about one layer.
 struct LayerSpec {
   int kv_heads = 0;
   int head_dim = 0;
   int sliding_window = 0;  // 0: global attention; W > 0: a query at p sees keys in (p - W, p]
+  LayerStateKind kind = LayerStateKind::kAttention;
+  int shared_with = -1;      // kShared: the earlier layer whose cache this layer reads
+  RecurrentShape recurrent{};  // kRecurrent
 };
 
 // AttentionParams (n_heads, scale, logit_softcap, sliding_window) lives with the kernels:
@@ -70,8 +91,11 @@ class KVCache {
   virtual void append(const float* k, const float* v, int n_tokens) = 0;
   // Drops the newest n tokens.
   virtual void trim(int64_t n) = 0;
-  // Exact bytes of stored state (codes, norms, scales, split metadata).
+  // Exact bytes of stored K/V (codes, norms, scales, split metadata).
   virtual size_t nbytes() const = 0;
+  // Bytes of fixed-size per-sequence state that does not grow with the tokens (a
+  // linear-attention recurrent state); counted apart from nbytes().
+  virtual size_t state_bytes() const { return 0; }
 
   // Attention for n_q queries at the last n_q positions appended (causal, plus the sliding
   // window of params). out may not alias q.
