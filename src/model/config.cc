@@ -40,11 +40,12 @@ RopeConfig parse_rope(const nlohmann::json& params, const nlohmann::json& top,
   std::optional<std::string> type = get_string(params, "rope_type", path);
   if (!type) type = get_string(params, "type", path);
   r.type = type.value_or("default");
-  static const std::set<std::string> kTypes = {"default", "linear", "llama3", "yarn", "dynamic"};
+  static const std::set<std::string> kTypes = {"default", "linear",  "llama3",
+                                                "yarn",    "dynamic", "proportional"};
   if (kTypes.count(r.type) == 0) {
     throw Unsupported(str_cat(path, ": rope type '", r.type,
                               "' is not supported (supported: default, linear, llama3, yarn, "
-                              "dynamic)"));
+                              "dynamic, proportional)"));
   }
   r.partial_rotary_factor =
       get_number(params, "partial_rotary_factor", path)
@@ -100,6 +101,7 @@ void parse_ropes(const nlohmann::json& j, const std::string& path, ModelConfig& 
 
 void parse_layer_types(const nlohmann::json& j, const std::string& path, ModelConfig& c) {
   c.sliding_window.assign(size_t(c.num_layers), 0);
+  c.layer_kind.assign(size_t(c.num_layers), LayerKind::kAttention);
   auto types = j.find("layer_types");
   if (types == j.end() || types->is_null()) return;
   if (!types->is_array() || int(types->size()) != c.num_layers) {
@@ -110,10 +112,14 @@ void parse_layer_types(const nlohmann::json& j, const std::string& path, ModelCo
   for (int i = 0; i < c.num_layers; ++i) {
     const nlohmann::json& t = (*types)[size_t(i)];
     if (t == "full_attention") continue;
+    if (t == "linear_attention") {
+      c.layer_kind[size_t(i)] = LayerKind::kLinearAttention;
+      continue;
+    }
     if (t != "sliding_attention") {
       throw Unsupported(str_cat(path, ": layer type ", t.dump(), " of layer ", i,
                                 " is not supported (supported: full_attention, "
-                                "sliding_attention)"));
+                                "sliding_attention, linear_attention)"));
     }
     if (window <= 0) {
       throw FormatError(
@@ -144,6 +150,45 @@ std::vector<int32_t> token_ids(const nlohmann::json& j, const char* key, const s
   return ids;
 }
 
+// Per-layer attention geometry from the model-wide sizes, for layers the family left unset.
+void finish_layers(ModelConfig& c) {
+  if (c.attention.empty()) c.attention.resize(size_t(c.num_layers));
+  for (int l = 0; l < c.num_layers; ++l) {
+    AttentionLayerConfig& a = c.attention[size_t(l)];
+    if (a.num_heads == 0) a.num_heads = c.num_heads;
+    if (a.num_kv_heads == 0) a.num_kv_heads = c.num_kv_heads;
+    if (a.head_dim == 0) a.head_dim = c.head_dim;
+    a.sliding_window = c.sliding_window[size_t(l)];
+  }
+}
+
+void validate_layers(const ModelConfig& c, const std::string& path) {
+  if (c.attention.size() != size_t(c.num_layers) || c.layer_kind.size() != size_t(c.num_layers)) {
+    throw FormatError(str_cat(path, ": per-layer configuration does not cover ", c.num_layers,
+                              " layers"));
+  }
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerKind kind = c.layer_kind[size_t(l)];
+    if (kind == LayerKind::kLinearAttention && c.linear.num_value_heads == 0) {
+      throw Unsupported(str_cat(path, ": layer ", l, " is linear_attention, which model_type '",
+                                c.model_type, "' does not have"));
+    }
+    if (kind != LayerKind::kAttention) continue;
+    const AttentionLayerConfig& a = c.attention[size_t(l)];
+    if (a.num_heads <= 0 || a.num_kv_heads <= 0 || a.head_dim <= 0 ||
+        a.num_heads % a.num_kv_heads != 0) {
+      throw FormatError(str_cat(path, ": layer ", l, " has ", a.num_heads, " query heads, ",
+                                a.num_kv_heads, " KV heads of head_dim ", a.head_dim,
+                                " (query heads must be a positive multiple of KV heads)"));
+    }
+    if (a.kv_source >= l ||
+        (a.kv_source >= 0 && c.layer_kind[size_t(a.kv_source)] != LayerKind::kAttention)) {
+      throw FormatError(str_cat(path, ": layer ", l, " reads the KV cache of layer ", a.kv_source,
+                                ", which must be an earlier attention layer"));
+    }
+  }
+}
+
 void validate(const ModelConfig& c, const std::string& path) {
   auto positive = [&](const char* name, int64_t v) {
     if (v <= 0) throw FormatError(str_cat(path, ": ", name, " is ", v, ", expected > 0"));
@@ -159,8 +204,9 @@ void validate(const ModelConfig& c, const std::string& path) {
     throw FormatError(str_cat(path, ": num_attention_heads ", c.num_heads,
                               " is not a multiple of num_key_value_heads ", c.num_kv_heads));
   }
+  validate_layers(c, path);
   for (const RopeConfig* r : {&c.rope, c.rope_local ? &*c.rope_local : nullptr}) {
-    if (r == nullptr) continue;
+    if (r == nullptr || r->type == "proportional") continue;
     const int rotary_dim = int(c.head_dim * r->partial_rotary_factor);
     if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > c.head_dim) {
       throw FormatError(str_cat(path, ": partial_rotary_factor ", r->partial_rotary_factor,
@@ -172,14 +218,38 @@ void validate(const ModelConfig& c, const std::string& path) {
 
 }  // namespace
 
+const char* layer_kind_name(LayerKind kind) {
+  switch (kind) {
+    case LayerKind::kAttention:
+      return "attention";
+    case LayerKind::kLinearAttention:
+      return "linear_attention";
+    case LayerKind::kMla:
+      return "mla";
+  }
+  return "?";
+}
+
 std::string supported_model_types() {
   std::string names;
   for (const Family& f : kFamilies) names += str_cat(names.empty() ? "" : ", ", f.model_type);
   return names;
 }
 
-ModelConfig parse_model_config(const nlohmann::json& j, const std::string& path) {
-  if (!j.is_object()) throw FormatError(str_cat(path, ": expected a JSON object"));
+ModelConfig parse_model_config(const nlohmann::json& top, const std::string& path) {
+  if (!top.is_object()) throw FormatError(str_cat(path, ": expected a JSON object"));
+  // Multimodal checkpoints (qwen3_5, gemma4) wrap the language model in text_config; its
+  // weights sit under model.language_model.
+  const nlohmann::json* text = &top;
+  nlohmann::json unwrapped;
+  if (auto it = top.find("text_config"); it != top.end() && it->is_object()) {
+    unwrapped = *it;
+    for (const char* key : {"tie_word_embeddings", "eos_token_id", "bos_token_id"}) {
+      if (!unwrapped.contains(key) && top.contains(key)) unwrapped[key] = top[key];
+    }
+    text = &unwrapped;
+  }
+  const nlohmann::json& j = *text;
   const std::optional<std::string> model_type = get_string(j, "model_type", path);
   if (!model_type) throw FormatError(str_cat(path, ": required field 'model_type' is missing"));
   const Family* family = nullptr;
@@ -198,6 +268,7 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& path)
 
   ModelConfig c;
   c.model_type = *model_type;
+  if (text != &top) c.weight_prefix = "model.language_model.";
   c.vocab_size = int(require_int(j, "vocab_size", path));
   c.hidden_size = int(require_int(j, "hidden_size", path));
   c.intermediate_size = int(get_int(j, "intermediate_size", path).value_or(0));
@@ -218,6 +289,7 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& path)
   if (!bos.empty()) c.bos_token_id = bos.front();
 
   family->configure(j, path, c);
+  finish_layers(c);
   validate(c, path);
   return c;
 }

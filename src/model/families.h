@@ -20,6 +20,9 @@ void configure_gemma2(const nlohmann::json& j, const std::string& path, ModelCon
 void configure_gemma3_text(const nlohmann::json& j, const std::string& path, ModelConfig& c);
 void configure_phi3(const nlohmann::json& j, const std::string& path, ModelConfig& c);
 void configure_qwen3_moe(const nlohmann::json& j, const std::string& path, ModelConfig& c);
+void configure_qwen3_5(const nlohmann::json& j, const std::string& path, ModelConfig& c);
+void configure_gemma4_text(const nlohmann::json& j, const std::string& path, ModelConfig& c);
+void configure_deepseek_v3(const nlohmann::json& j, const std::string& path, ModelConfig& c);
 
 struct Family {
   const char* model_type;
@@ -31,6 +34,8 @@ inline constexpr Family kFamilies[] = {
     {"qwen2", configure_qwen2},   {"qwen3", configure_qwen3},
     {"gemma2", configure_gemma2}, {"gemma3_text", configure_gemma3_text},
     {"phi3", configure_phi3},     {"qwen3_moe", configure_qwen3_moe},
+    {"qwen3_5_text", configure_qwen3_5}, {"qwen3_5", configure_qwen3_5},
+    {"gemma4_text", configure_gemma4_text}, {"deepseek_v3", configure_deepseek_v3},
 };
 
 // Sliding layers of families whose config lacks "layer_types": every layer slides when the

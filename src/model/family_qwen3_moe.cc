@@ -49,6 +49,29 @@ void configure_qwen3_moe(const nlohmann::json& j, const std::string& path, Model
   }
 }
 
+void moe_route(const MoeWeights& w, float* p, int* experts, float* weights) {
+  if (w.routing == MoeRouting::kSigmoidGroupedTopK) {
+    moe_route_sigmoid_grouped(w, p, experts, weights);
+    return;
+  }
+  const int n_experts = int(w.experts.size());
+  const float max = *std::max_element(p, p + n_experts);
+  double sum = 0;
+  for (int e = 0; e < n_experts; ++e) sum += (p[e] = std::exp(p[e] - max));
+  for (int e = 0; e < n_experts; ++e) p[e] = float(p[e] / sum);
+  std::vector<int> order(static_cast<size_t>(n_experts));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + w.top_k, order.end(),
+                    [&](int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+  float top_sum = 0;
+  for (int i = 0; i < w.top_k; ++i) top_sum += p[order[size_t(i)]];
+  for (int i = 0; i < w.top_k; ++i) {
+    const int e = order[size_t(i)];
+    experts[i] = e;
+    weights[i] = w.norm_topk_prob ? p[e] / top_sum : p[e];
+  }
+}
+
 void moe_forward(const MoeWeights& w, Activation act, const float* x, int64_t n, int64_t hidden,
                  float* out) {
   const int n_experts = int(w.experts.size());
@@ -57,22 +80,13 @@ void moe_forward(const MoeWeights& w, Activation act, const float* x, int64_t n,
   // Per expert: the tokens routed to it and their weights.
   std::vector<std::vector<int64_t>> routed(static_cast<size_t>(n_experts));
   std::vector<std::vector<float>> routed_weight(static_cast<size_t>(n_experts));
-  std::vector<int> order(static_cast<size_t>(n_experts));
+  std::vector<int> chosen(static_cast<size_t>(w.top_k));
+  std::vector<float> chosen_weight(static_cast<size_t>(w.top_k));
   for (int64_t t = 0; t < n; ++t) {
-    float* p = probs.data() + t * n_experts;
-    const float max = *std::max_element(p, p + n_experts);
-    double sum = 0;
-    for (int e = 0; e < n_experts; ++e) sum += (p[e] = std::exp(p[e] - max));
-    for (int e = 0; e < n_experts; ++e) p[e] = float(p[e] / sum);
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + w.top_k, order.end(),
-                      [&](int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-    float top_sum = 0;
-    for (int i = 0; i < w.top_k; ++i) top_sum += p[order[size_t(i)]];
+    moe_route(w, probs.data() + t * n_experts, chosen.data(), chosen_weight.data());
     for (int i = 0; i < w.top_k; ++i) {
-      const int e = order[size_t(i)];
-      routed[size_t(e)].push_back(t);
-      routed_weight[size_t(e)].push_back(w.norm_topk_prob ? p[e] / top_sum : p[e]);
+      routed[size_t(chosen[size_t(i)])].push_back(t);
+      routed_weight[size_t(chosen[size_t(i)])].push_back(chosen_weight[size_t(i)]);
     }
   }
   std::fill(out, out + n * hidden, 0.0f);
@@ -90,6 +104,11 @@ void moe_forward(const MoeWeights& w, Activation act, const float* x, int64_t n,
       const float weight = routed_weight[size_t(e)][size_t(i)];
       for (int64_t h = 0; h < hidden; ++h) o[h] += ye[size_t(i * hidden + h)] * weight;
     }
+  }
+  if (w.shared_expert) {
+    std::vector<float> shared(size_t(n * hidden));  // [n, H]
+    mlp_forward(*w.shared_expert, act, x, n, shared.data());
+    for (size_t i = 0; i < shared.size(); ++i) out[i] += shared[i];
   }
 }
 

@@ -25,6 +25,19 @@ double yarn_mscale(double scale, double mscale) {
 }  // namespace
 
 RopeTable make_rope_table(const RopeConfig& r, int head_dim, int64_t seq_len) {
+  if (r.type == "proportional") {
+    // gemma4 global layers: the whole head rotates in rotate_half layout, but only the first
+    // partial_rotary_factor of the angle pairs turn (frequencies on the head_dim scale); the
+    // rest have frequency 0 and pass through.
+    const int angles = int(r.partial_rotary_factor * head_dim / 2);
+    RopeTable table;
+    table.inv_freq.assign(size_t(head_dim / 2), 0.0f);
+    for (int i = 0; i < angles && i < head_dim / 2; ++i) {
+      table.inv_freq[size_t(i)] =
+          float(1.0 / std::pow(r.theta, double(float(2 * i) / float(head_dim))) / r.factor);
+    }
+    return table;
+  }
   const int dim = int(head_dim * r.partial_rotary_factor);
   const double orig = double(r.original_max_position_embeddings);
   double theta = r.theta;

@@ -124,6 +124,14 @@ std::vector<float> WeightStore::vector(const std::string& name, int64_t n) const
   return SafetensorsFile::to_f32(tensor(name, {n}));
 }
 
+std::vector<float> WeightStore::floats(const std::string& name,
+                                       const std::vector<int64_t>& shape) const {
+  if (gguf_) {
+    throw Unsupported(str_cat("tensor '", name, "': GGUF files are read for matrices and vectors"));
+  }
+  return SafetensorsFile::to_f32(tensor(name, shape));
+}
+
 int64_t WeightStore::total_bytes() const {
   int64_t bytes = 0;
   if (gguf_) {

@@ -41,6 +41,9 @@ class WeightStore {
   WeightMatrix matrix(const std::string& name, int64_t rows, int64_t cols) const;
   // A [n] vector widened to f32 (norm weights, biases); same checks.
   std::vector<float> vector(const std::string& name, int64_t n) const;
+  // Any small safetensors tensor of the given shape widened to f32, row-major (e.g.
+  // conv1d.weight).
+  std::vector<float> floats(const std::string& name, const std::vector<int64_t>& shape) const;
   // Bytes of all tensors held (dense, blocks, codes, scales).
   int64_t total_bytes() const;
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -48,6 +49,7 @@ void check_golden(const Golden& g) {
   for (size_t i = 0; i < logits.size(); ++i)
     max_diff = std::max(max_diff, std::abs(logits[i] - want[i]));
   EXPECT_LE(max_diff, g.logits_tolerance) << g.model_dir;
+  std::printf("%s: max |logit - transformers| %.3g\n", g.model_dir.c_str(), max_diff);
 
   // `generated` holds only the new tokens (its length is the number generated).
   std::vector<int32_t> greedy;
@@ -73,6 +75,19 @@ TEST_P(HfTinyGolden, LogitsAndGreedyTokensMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Families, HfTinyGolden,
                          ::testing::Values("llama", "qwen2", "qwen3", "mistral", "gemma3_text",
                                            "phi3", "qwen3_moe"));
+
+// Hybrid linear attention (qwen3_5), Gemma 4 (sliding/global head dims, KV-shared layers,
+// per-layer inputs) and latent attention with a shared-expert MoE (deepseek_v3): fp32 weights,
+// logits within 1e-4 of transformers 5.17.
+class HfTinyGoldenNewKinds : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HfTinyGoldenNewKinds, LogitsAndGreedyTokensMatchTransformers) {
+  const std::string dir = fixture(std::string("hf-tiny/") + GetParam());
+  check_golden({dir, dir + "/reference.safetensors", 1e-4f});
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HfTinyGoldenNewKinds,
+                         ::testing::Values("qwen3_5_text", "gemma4_text", "deepseek_v3"));
 
 // transformers 5 runs gemma2 with SDPA attention by default, and SDPA skips
 // attn_logit_softcapping (only the eager path applies it); the fixture was made that way.
@@ -140,6 +155,38 @@ TEST(BatchedForward, ChunksAndSplitPromptsAgreeWithOneSequence) {
   for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << i;
   for (int i = 0; i < V; ++i) ASSERT_NEAR(b_last[size_t(i)], want[size_t(n - 1) * V + i], 1e-4f);
 }
+
+// Recurrent state, conv history, KV sharing and latent caches carry across forwards: a prompt
+// fed as 10 + 14 tokens, or 20 + one token at a time, gives the logits of one forward.
+class SplitPrompt : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(SplitPrompt, PiecesAgreeWithOneForward) {
+  const std::string dir = fixture(std::string("hf-tiny/") + GetParam());
+  std::unique_ptr<Model> model = Model::load(dir);
+  const SafetensorsFile ref = SafetensorsFile::open(dir + "/reference.safetensors");
+  const std::vector<int64_t> ids64 = SafetensorsFile::to_i64(ref.at("input_ids"));
+  const std::vector<int32_t> ids(ids64.begin(), ids64.end());
+  const int V = model->info().vocab_size, n = int(ids.size());
+  LayerCaches whole = testing::f32_caches(*model);
+  std::vector<float> want(size_t(n) * V);
+  Model::Chunk one{ids.data(), n, &whole, want.data(), true};
+  model->forward({&one, 1});
+  for (const int first : {10, 20}) {
+    LayerCaches caches = testing::f32_caches(*model);
+    std::vector<float> got(size_t(n) * V);
+    Model::Chunk head{ids.data(), first, &caches, got.data(), true};
+    model->forward({&head, 1});
+    const int step = first == 10 ? n - 10 : 1;
+    for (int pos = first; pos < n; pos += step) {
+      Model::Chunk rest{ids.data() + pos, step, &caches, got.data() + size_t(pos) * V, true};
+      model->forward({&rest, 1});
+    }
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << first << " " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(NewKinds, SplitPrompt,
+                         ::testing::Values("qwen3_5_text", "gemma4_text", "deepseek_v3"));
 
 TEST(BatchedForward, RejectsBadChunks) {
   std::unique_ptr<Model> model = Model::load(fixture("hf-tiny/llama"));
