@@ -82,7 +82,8 @@ std::vector<LayerCachePlan> plan_layer_caches(const std::vector<LayerSpec>& laye
     check_kv_shape(spec.kv_heads, spec.head_dim);
     if (spec.kind == LayerStateKind::kShared) {
       const int owner = spec.shared_with;
-      if (owner < 0 || size_t(owner) >= i || layers[size_t(owner)].kind != LayerStateKind::kAttention) {
+      if (owner < 0 || size_t(owner) >= i ||
+          layers[size_t(owner)].kind != LayerStateKind::kAttention) {
         throw InvalidArgument(str_cat("layer ", i, " shares the cache of layer ", owner,
                                       ", which must be an earlier attention layer"));
       }
@@ -158,8 +159,8 @@ std::string summarize_plan(const std::vector<LayerCachePlan>& plan) {
   for (const LayerCachePlan& p : plan) {
     std::string name = layer_cache_kind_name(p.kind);
     if (p.layer == LayerStateKind::kLatent) name = "latent dense";
-    auto it = std::find_if(counts.begin(), counts.end(),
-                           [&](const auto& c) { return c.first == name; });
+    auto it =
+        std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.first == name; });
     if (it == counts.end()) {
       counts.emplace_back(name, 1);
     } else {

@@ -26,8 +26,8 @@ const char* layer_cache_kind_name(LayerCacheKind kind);  // "dense", "rotating",
 struct LayerCachePlan {
   LayerCacheKind kind = LayerCacheKind::kDense;
   LayerStateKind layer = LayerStateKind::kAttention;  // what the layer keeps (LayerSpec::kind)
-  int shared_with = -1;                                // kShared: the owner layer
-  RecurrentShape recurrent{};                          // kRecurrent
+  int shared_with = -1;                               // kShared: the owner layer
+  RecurrentShape recurrent{};                         // kRecurrent
   int kv_heads = 0;
   int head_dim = 0;
   int window = 0;                  // kRotating: the sliding window

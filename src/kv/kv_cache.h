@@ -46,7 +46,7 @@ struct LayerSpec {
   int head_dim = 0;
   int sliding_window = 0;  // 0: global attention; W > 0: a query at p sees keys in (p - W, p]
   LayerStateKind kind = LayerStateKind::kAttention;
-  int shared_with = -1;      // kShared: the earlier layer whose cache this layer reads
+  int shared_with = -1;        // kShared: the earlier layer whose cache this layer reads
   RecurrentShape recurrent{};  // kRecurrent
 };
 

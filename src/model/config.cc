@@ -41,7 +41,7 @@ RopeConfig parse_rope(const nlohmann::json& params, const nlohmann::json& top,
   if (!type) type = get_string(params, "type", path);
   r.type = type.value_or("default");
   static const std::set<std::string> kTypes = {"default", "linear",  "llama3",
-                                                "yarn",    "dynamic", "proportional"};
+                                               "yarn",    "dynamic", "proportional"};
   if (kTypes.count(r.type) == 0) {
     throw Unsupported(str_cat(path, ": rope type '", r.type,
                               "' is not supported (supported: default, linear, llama3, yarn, "
@@ -164,8 +164,8 @@ void finish_layers(ModelConfig& c) {
 
 void validate_layers(const ModelConfig& c, const std::string& path) {
   if (c.attention.size() != size_t(c.num_layers) || c.layer_kind.size() != size_t(c.num_layers)) {
-    throw FormatError(str_cat(path, ": per-layer configuration does not cover ", c.num_layers,
-                              " layers"));
+    throw FormatError(
+        str_cat(path, ": per-layer configuration does not cover ", c.num_layers, " layers"));
   }
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerKind kind = c.layer_kind[size_t(l)];

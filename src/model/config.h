@@ -106,8 +106,8 @@ struct ModelConfig : ModelInfo {
   float attn_logit_softcap = 0;   // gemma2
   float final_logit_softcap = 0;  // gemma2
 
-  std::vector<int> sliding_window;       // [num_layers], 0 = global attention
-  std::vector<LayerKind> layer_kind;     // [num_layers]
+  std::vector<int> sliding_window;              // [num_layers], 0 = global attention
+  std::vector<LayerKind> layer_kind;            // [num_layers]
   std::vector<AttentionLayerConfig> attention;  // [num_layers] (read for kAttention layers)
   bool attention_output_gate = false;  // q_proj gives [q, gate] per head; out *= sigmoid(gate)
   bool v_norm = false;                 // RMSNorm of V without a weight (gemma4)
@@ -119,10 +119,10 @@ struct ModelConfig : ModelInfo {
   // mixed with a projection of the embeddings and added through a gated branch after the MLP.
   int per_layer_input_dim = 0;
   int per_layer_vocab = 0;
-  bool layer_scalar = false;              // the residual stream is scaled by layer_scalar
+  bool layer_scalar = false;                // the residual stream is scaled by layer_scalar
   std::vector<int> intermediate_per_layer;  // [num_layers] when MLP widths differ
-  RopeConfig rope;                       // global (full-attention) layers
-  std::optional<RopeConfig> rope_local;  // sliding layers, when they differ (gemma3)
+  RopeConfig rope;                          // global (full-attention) layers
+  std::optional<RopeConfig> rope_local;     // sliding layers, when they differ (gemma3)
 
   // Mixture of experts (qwen3_moe); num_experts == 0 means a dense MLP everywhere.
   int num_experts = 0;
@@ -131,8 +131,8 @@ struct ModelConfig : ModelInfo {
   bool norm_topk_prob = false;
   std::vector<bool> moe_layer;  // [num_layers]
   MoeRouting moe_routing = MoeRouting::kSoftmaxTopK;
-  int moe_groups = 1;            // n_group
-  int moe_topk_groups = 1;       // topk_group
+  int moe_groups = 1;       // n_group
+  int moe_topk_groups = 1;  // topk_group
   float routed_scaling_factor = 1;
   int shared_expert_intermediate = 0;  // > 0: a shared expert MLP added to every token
 };

@@ -65,8 +65,10 @@ DecoderModel::DecoderModel(ModelConfig config, WeightStore weights)
   final_norm_ = norm_weight(root + "norm.weight", H);
   if (c.per_layer_input_dim > 0) {
     const int64_t P = c.per_layer_input_dim, LP = int64_t(c.num_layers) * P;
-    per_layer_embed_ = weights_.matrix(root + "embed_tokens_per_layer.weight", c.per_layer_vocab, LP);
-    per_layer_model_projection_ = weights_.matrix(root + "per_layer_model_projection.weight", LP, H);
+    per_layer_embed_ =
+        weights_.matrix(root + "embed_tokens_per_layer.weight", c.per_layer_vocab, LP);
+    per_layer_model_projection_ =
+        weights_.matrix(root + "per_layer_model_projection.weight", LP, H);
     per_layer_projection_norm_ = norm_weight(root + "per_layer_projection_norm.weight", P);
   }
 
@@ -331,8 +333,7 @@ void DecoderModel::per_layer_input_block(const LayerWeights& L, const float* inp
   matmul(x, T, L.per_layer_gate, nullptr, gate.data());
   for (int64_t t = 0; t < T; ++t) {
     // act(gate) * input: gated_activation computes act(gate) * up.
-    gated_activation(gate.data() + t * P, input + t * stride, P, c.activation,
-                     gate.data() + t * P);
+    gated_activation(gate.data() + t * P, input + t * stride, P, c.activation, gate.data() + t * P);
   }
   matmul(gate.data(), T, L.per_layer_projection, nullptr, branch.data());
   rms_norm(branch.data(), T, H, L.per_layer_norm.data(), float(c.rms_norm_eps), branch.data());

@@ -57,8 +57,8 @@ void moe_route_sigmoid_grouped(const MoeWeights& w, const float* logits, int* ex
 
 // Gated DeltaNet weights (qwen3_5 linear_attn.*).
 struct LinearAttentionWeights {
-  WeightMatrix qkv, z, b, a, out;  // [C, H], [Hv*dv, H], [Hv, H], [Hv, H], [H, Hv*dv]
-  std::vector<float> conv;         // [C, K]
+  WeightMatrix qkv, z, b, a, out;     // [C, H], [Hv*dv, H], [Hv, H], [Hv, H], [H, Hv*dv]
+  std::vector<float> conv;            // [C, K]
   std::vector<float> a_log, dt_bias;  // [Hv]
   std::vector<float> norm;            // [dv], weight of the gated RMSNorm (plain w)
 };
@@ -66,14 +66,14 @@ struct LinearAttentionWeights {
 // Multi-head latent attention weights (deepseek_v3 self_attn.*), with kv_b_proj split per head
 // for query absorption and value expansion.
 struct MlaWeights {
-  WeightMatrix q, q_a, q_b;  // q: [heads*(nope+rope), H] without q_lora_rank; else q_a, q_b
-  std::vector<float> q_a_norm;         // [q_lora_rank]
-  WeightMatrix kv_a;                   // [r + rope, H]
-  std::vector<float> kv_a_norm;        // [r]
+  WeightMatrix q, q_a, q_b;      // q: [heads*(nope+rope), H] without q_lora_rank; else q_a, q_b
+  std::vector<float> q_a_norm;   // [q_lora_rank]
+  WeightMatrix kv_a;             // [r + rope, H]
+  std::vector<float> kv_a_norm;  // [r]
   std::vector<std::vector<float>> absorb_storage;
-  std::vector<WeightMatrix> absorb;    // per head W_ukᵀ: [r, nope] (f32, owned above)
-  std::vector<WeightMatrix> expand;    // per head W_uv: [v, r] (rows of kv_b_proj)
-  WeightMatrix o;                      // [H, heads*v]
+  std::vector<WeightMatrix> absorb;  // per head W_ukᵀ: [r, nope] (f32, owned above)
+  std::vector<WeightMatrix> expand;  // per head W_uv: [v, r] (rows of kv_b_proj)
+  WeightMatrix o;                    // [H, heads*v]
 };
 
 struct LayerWeights {

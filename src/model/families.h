@@ -30,12 +30,18 @@ struct Family {
 };
 
 inline constexpr Family kFamilies[] = {
-    {"llama", configure_llama},   {"mistral", configure_mistral},
-    {"qwen2", configure_qwen2},   {"qwen3", configure_qwen3},
-    {"gemma2", configure_gemma2}, {"gemma3_text", configure_gemma3_text},
-    {"phi3", configure_phi3},     {"qwen3_moe", configure_qwen3_moe},
-    {"qwen3_5_text", configure_qwen3_5}, {"qwen3_5", configure_qwen3_5},
-    {"gemma4_text", configure_gemma4_text}, {"deepseek_v3", configure_deepseek_v3},
+    {"llama", configure_llama},
+    {"mistral", configure_mistral},
+    {"qwen2", configure_qwen2},
+    {"qwen3", configure_qwen3},
+    {"gemma2", configure_gemma2},
+    {"gemma3_text", configure_gemma3_text},
+    {"phi3", configure_phi3},
+    {"qwen3_moe", configure_qwen3_moe},
+    {"qwen3_5_text", configure_qwen3_5},
+    {"qwen3_5", configure_qwen3_5},
+    {"gemma4_text", configure_gemma4_text},
+    {"deepseek_v3", configure_deepseek_v3},
 };
 
 // Sliding layers of families whose config lacks "layer_types": every layer slides when the

@@ -72,9 +72,9 @@ void configure_deepseek_v3(const nlohmann::json& j, const std::string& path, Mod
       c.moe_topk_groups <= 0 || c.moe_topk_groups > c.moe_groups ||
       (c.moe_groups > 1 && c.num_experts / c.moe_groups < 2)) {
     throw FormatError(str_cat(path, ": MoE of ", c.num_experts, " experts in ", c.moe_groups,
-                              " groups, top ", c.num_experts_per_token, " from ",
-                              c.moe_topk_groups, " groups, intermediate ",
-                              c.moe_intermediate_size, " is inconsistent"));
+                              " groups, top ", c.num_experts_per_token, " from ", c.moe_topk_groups,
+                              " groups, intermediate ", c.moe_intermediate_size,
+                              " is inconsistent"));
   }
   const int64_t first_moe = get_int(j, "first_k_dense_replace", path).value_or(0);
   c.moe_layer.assign(size_t(c.num_layers), false);
@@ -100,10 +100,11 @@ void moe_route_sigmoid_grouped(const MoeWeights& w, const float* logits, int* ex
     }
     std::vector<int> groups(static_cast<size_t>(w.groups));
     std::iota(groups.begin(), groups.end(), 0);
-    std::partial_sort(groups.begin(), groups.begin() + w.topk_groups, groups.end(), [&](int a, int b) {
-      return group_score[size_t(a)] > group_score[size_t(b)] ||
-             (group_score[size_t(a)] == group_score[size_t(b)] && a < b);
-    });
+    std::partial_sort(groups.begin(), groups.begin() + w.topk_groups, groups.end(),
+                      [&](int a, int b) {
+                        return group_score[size_t(a)] > group_score[size_t(b)] ||
+                               (group_score[size_t(a)] == group_score[size_t(b)] && a < b);
+                      });
     std::vector<bool> keep(static_cast<size_t>(w.groups), false);
     for (int i = 0; i < w.topk_groups; ++i) keep[size_t(groups[size_t(i)])] = true;
     for (int e = 0; e < n; ++e) {

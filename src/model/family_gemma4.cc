@@ -69,8 +69,8 @@ void configure_gemma4_text(const nlohmann::json& j, const std::string& path, Mod
   const int shared = int(get_int(j, "num_kv_shared_layers", path).value_or(0));
   const int first_shared = c.num_layers - shared;
   if (shared < 0 || shared >= c.num_layers) {
-    throw FormatError(str_cat(path, ": num_kv_shared_layers ", shared, " must be in 0..",
-                              c.num_layers - 1));
+    throw FormatError(
+        str_cat(path, ": num_kv_shared_layers ", shared, " must be in 0..", c.num_layers - 1));
   }
   for (int l = first_shared; l < c.num_layers && shared > 0; ++l) {
     const bool sliding = c.sliding_window[size_t(l)] > 0;
@@ -79,8 +79,8 @@ void configure_gemma4_text(const nlohmann::json& j, const std::string& path, Mod
       if ((c.sliding_window[size_t(s)] > 0) == sliding) source = s;
     }
     if (source < 0) {
-      throw FormatError(str_cat(path, ": KV-shared layer ", l,
-                                " has no earlier layer of its type to read"));
+      throw FormatError(
+          str_cat(path, ": KV-shared layer ", l, " has no earlier layer of its type to read"));
     }
     c.attention[size_t(l)].kv_source = source;
   }

@@ -31,8 +31,7 @@ void configure_qwen3_5(const nlohmann::json& j, const std::string& path, ModelCo
   la.value_head_dim = int(require_int(j, "linear_value_head_dim", path));
   la.conv_kernel = int(get_int(j, "linear_conv_kernel_dim", path).value_or(4));
   if (la.num_key_heads <= 0 || la.num_value_heads <= 0 || la.key_head_dim <= 0 ||
-      la.value_head_dim <= 0 || la.conv_kernel <= 0 ||
-      la.num_value_heads % la.num_key_heads != 0) {
+      la.value_head_dim <= 0 || la.conv_kernel <= 0 || la.num_value_heads % la.num_key_heads != 0) {
     throw FormatError(str_cat(path, ": linear attention has ", la.num_key_heads, " key heads of ",
                               la.key_head_dim, ", ", la.num_value_heads, " value heads of ",
                               la.value_head_dim, ", conv kernel ", la.conv_kernel,

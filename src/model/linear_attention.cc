@@ -38,7 +38,7 @@ struct HeadRows {
 
 void causal_conv1d_silu(const float* x, int64_t T, int C, int K, const float* weight,
                         float* history, float* out) {
-  const int H = K - 1;  // history rows
+  const int H = K - 1;                  // history rows
   auto input = [&](int64_t u, int c) {  // u: time, negative reads the history
     return u >= 0 ? x[u * C + c] : history[(H + u) * C + c];
   };
@@ -124,15 +124,15 @@ void gated_delta_chunked(const GatedDeltaInputs& in, const GatedDeltaShape& s, i
                          float* state, float* out) {
   const int dk = s.k_dim, dv = s.v_dim, group = s.value_heads / s.key_heads;
   const int C = std::max(1, chunk);
-  std::vector<float> G(static_cast<size_t>(C));                            // cumulative log decay
-  std::vector<float> L(size_t(C) * size_t(C));                             // strictly lower
+  std::vector<float> G(static_cast<size_t>(C));                             // cumulative log decay
+  std::vector<float> L(size_t(C) * size_t(C));                              // strictly lower
   std::vector<float> U(size_t(C) * size_t(dv)), W(size_t(C) * size_t(dk));  // solved rows
   std::vector<float> vnew(size_t(C) * size_t(dv));
   for (int h = 0; h < s.value_heads; ++h) {
     float* S = state + int64_t(h) * dk * dv;
     const int kh = h / group;
-    const HeadRows Q{in.q + int64_t(kh) * dk, in.qk_stride}, K{in.k + int64_t(kh) * dk,
-                                                               in.qk_stride};
+    const HeadRows Q{in.q + int64_t(kh) * dk, in.qk_stride},
+        K{in.k + int64_t(kh) * dk, in.qk_stride};
     const HeadRows V{in.v + int64_t(h) * dv, in.v_stride};
     auto g = [&](int64_t t) { return in.g[t * s.value_heads + h]; };
     auto beta = [&](int64_t t) { return in.beta[t * s.value_heads + h]; };
@@ -269,7 +269,7 @@ void linear_attention_block(const LinearAttentionWeights& w, const ModelConfig& 
   const int64_t C = la.conv_channels(), Hv = la.num_value_heads;
   const int64_t key_dim = int64_t(la.num_key_heads) * la.key_head_dim;
   const int64_t v_dim = Hv * la.value_head_dim;
-  std::vector<float> mixed(size_t(T * C)), conv(size_t(T * C));  // [T, C]: [q | k | v]
+  std::vector<float> mixed(size_t(T * C)), conv(size_t(T * C));      // [T, C]: [q | k | v]
   std::vector<float> z(size_t(T * v_dim)), core(size_t(T * v_dim));  // [T, Hv, dv]
   std::vector<float> b(size_t(T * Hv)), a(size_t(T * Hv));           // [T, Hv]
   const MatmulJob jobs[] = {{xn, w.qkv, nullptr, mixed.data()},
@@ -288,15 +288,13 @@ void linear_attention_block(const LinearAttentionWeights& w, const ModelConfig& 
                        state->conv(), conv.data() + r.row * C);
     states.push_back(state);
   }
-  gated_delta_prepare(conv.data(), a.data(), b.data(), T, shape, w.a_log.data(),
-                      w.dt_bias.data());
+  gated_delta_prepare(conv.data(), a.data(), b.data(), T, shape, w.a_log.data(), w.dt_bias.data());
   constexpr int kChunk = 64;
   for (size_t i = 0; i < rows.size(); ++i) {
     const SequenceRows& r = rows[i];
     const float* base = conv.data() + r.row * C;
-    const GatedDeltaInputs in{base,          base + key_dim,     base + 2 * key_dim,
-                              C,             C,                  a.data() + r.row * Hv,
-                              b.data() + r.row * Hv, r.count};
+    const GatedDeltaInputs in{base, base + key_dim,        base + 2 * key_dim,    C,
+                              C,    a.data() + r.row * Hv, b.data() + r.row * Hv, r.count};
     float* o = core.data() + r.row * v_dim;
     if (r.count == 1) {
       gated_delta_recurrent(in, shape, states[i]->state(), o);

@@ -95,7 +95,8 @@ void mla_block(const MlaWeights& w, const ModelConfig& c, const std::vector<Sequ
   const RopeTable table = make_rope_table(c.rope, int(rope), seq_len);
   apply_rope(q_rope.data(), T, int(heads), int(rope), positions, table);
   apply_rope(k_rope.data(), T, 1, int(rope), positions, table);
-  for (int64_t t = 0; t < T; ++t) std::copy_n(k_rope.data() + t * rope, rope, latent.data() + t * L + r);
+  for (int64_t t = 0; t < T; ++t)
+    std::copy_n(k_rope.data() + t * rope, rope, latent.data() + t * L + r);
 
   // Latent queries: per head [W_uk,hᵀ q_nope,h | q_rope,h].
   std::vector<float> ql(size_t(T * heads * L));  // [T, heads, L]
@@ -117,8 +118,7 @@ void mla_block(const MlaWeights& w, const ModelConfig& c, const std::vector<Sequ
   std::vector<float> att(size_t(T * heads * L));  // [T, heads, L]
   for (const SequenceRows& s : rows) {
     s.cache->append(latent.data() + s.row * L, latent.data() + s.row * L, s.count);
-    s.cache->attend(ql.data() + s.row * heads * L, s.count, params,
-                    att.data() + s.row * heads * L);
+    s.cache->attend(ql.data() + s.row * heads * L, s.count, params, att.data() + s.row * heads * L);
   }
   // Per head: the latent part of the output, expanded by W_uv,h.
   std::vector<float> ov(size_t(T * heads * vd));  // [T, heads, v]

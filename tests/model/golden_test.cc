@@ -121,19 +121,38 @@ TEST(TinycodeGolden, LogitsAndGreedyTokensMatchTransformers) {
                 fixture("tinycode-llama-reference.safetensors"), 2e-2f});
 }
 
+// A fixture's model and reference prompt, with the logits of one whole-prompt forward.
+struct WholePrompt {
+  std::unique_ptr<Model> model;
+  std::vector<int32_t> ids;
+  std::vector<float> logits;  // [n, V]
+  int V = 0, n = 0;
+};
+
+WholePrompt whole_prompt(const std::string& family) {
+  WholePrompt w;
+  const std::string dir = fixture("hf-tiny/" + family);
+  w.model = Model::load(dir);
+  const SafetensorsFile ref = SafetensorsFile::open(dir + "/reference.safetensors");
+  const std::vector<int64_t> ids64 = SafetensorsFile::to_i64(ref.at("input_ids"));
+  w.ids.assign(ids64.begin(), ids64.end());
+  w.V = w.model->info().vocab_size;
+  w.n = int(w.ids.size());
+  LayerCaches whole = testing::f32_caches(*w.model);
+  w.logits.resize(size_t(w.n) * w.V);
+  Model::Chunk one{w.ids.data(), w.n, &whole, w.logits.data(), true};
+  w.model->forward({&one, 1});
+  return w;
+}
+
 // The same prompt split into several chunks of one batched forward, and across steps, gives
 // the logits of one whole-prompt forward.
 TEST(BatchedForward, ChunksAndSplitPromptsAgreeWithOneSequence) {
-  std::unique_ptr<Model> model = Model::load(fixture("hf-tiny/gemma2"));
-  const SafetensorsFile ref =
-      SafetensorsFile::open(fixture("hf-tiny/gemma2/reference.safetensors"));
-  const std::vector<int64_t> ids64 = SafetensorsFile::to_i64(ref.at("input_ids"));
-  const std::vector<int32_t> ids(ids64.begin(), ids64.end());
-  const int V = model->info().vocab_size, n = int(ids.size());
-  LayerCaches whole = testing::f32_caches(*model);
-  std::vector<float> want(size_t(n) * V);
-  Model::Chunk one{ids.data(), n, &whole, want.data(), true};
-  model->forward({&one, 1});
+  const WholePrompt w = whole_prompt("gemma2");
+  const Model* model = w.model.get();
+  const std::vector<int32_t>& ids = w.ids;
+  const std::vector<float>& want = w.logits;
+  const int V = w.V, n = w.n;
 
   // Sequence A: the prompt in two forwards (10 + 14 tokens); sequence B rides along in the
   // same calls with the whole prompt, last-token logits only.
@@ -161,16 +180,11 @@ TEST(BatchedForward, ChunksAndSplitPromptsAgreeWithOneSequence) {
 class SplitPrompt : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(SplitPrompt, PiecesAgreeWithOneForward) {
-  const std::string dir = fixture(std::string("hf-tiny/") + GetParam());
-  std::unique_ptr<Model> model = Model::load(dir);
-  const SafetensorsFile ref = SafetensorsFile::open(dir + "/reference.safetensors");
-  const std::vector<int64_t> ids64 = SafetensorsFile::to_i64(ref.at("input_ids"));
-  const std::vector<int32_t> ids(ids64.begin(), ids64.end());
-  const int V = model->info().vocab_size, n = int(ids.size());
-  LayerCaches whole = testing::f32_caches(*model);
-  std::vector<float> want(size_t(n) * V);
-  Model::Chunk one{ids.data(), n, &whole, want.data(), true};
-  model->forward({&one, 1});
+  const WholePrompt w = whole_prompt(GetParam());
+  const Model* model = w.model.get();
+  const std::vector<int32_t>& ids = w.ids;
+  const std::vector<float>& want = w.logits;
+  const int V = w.V, n = w.n;
   for (const int first : {10, 20}) {
     LayerCaches caches = testing::f32_caches(*model);
     std::vector<float> got(size_t(n) * V);
@@ -181,7 +195,8 @@ TEST_P(SplitPrompt, PiecesAgreeWithOneForward) {
       Model::Chunk rest{ids.data() + pos, step, &caches, got.data() + size_t(pos) * V, true};
       model->forward({&rest, 1});
     }
-    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4f) << first << " " << i;
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-4f) << first << " " << i;
   }
 }
 

@@ -53,9 +53,10 @@ void expect_finite_forward(const Model& model, LayerCaches& caches) {
 TEST(LayerKinds, Qwen3_5LinearLayersKeepAnUntouchedRecurrentState) {
   const ModelConfig c = load_model_config(fixture("hf-tiny/qwen3_5_text"));
   using K = LayerKind;
-  EXPECT_EQ(c.layer_kind, (std::vector<K>{K::kLinearAttention, K::kLinearAttention,
-                                          K::kLinearAttention, K::kAttention, K::kLinearAttention,
-                                          K::kLinearAttention, K::kLinearAttention, K::kAttention}));
+  EXPECT_EQ(c.layer_kind,
+            (std::vector<K>{K::kLinearAttention, K::kLinearAttention, K::kLinearAttention,
+                            K::kAttention, K::kLinearAttention, K::kLinearAttention,
+                            K::kLinearAttention, K::kAttention}));
   EXPECT_TRUE(c.attention_output_gate);
   EXPECT_EQ(c.linear.conv_channels(), 2 * 2 * 16 + 4 * 16);
 
@@ -116,9 +117,8 @@ TEST(LayerKinds, Gemma4SharedLayersReadTheirOwnersCacheCompressedOnce) {
   // Without the dense last layer, layer 2 is TurboQuant and layer 5 reads those codes: one
   // compressed copy, the shared layer holds no bytes.
   LayerCaches compressed = make_layer_caches(model->layer_specs(), kv_bits(3.5, false));
-  EXPECT_EQ(cache_types(compressed), (std::vector<std::string>{"rotating", "rotating",
-                                                               "turboquant", "rotating", "shared",
-                                                               "shared"}));
+  EXPECT_EQ(cache_types(compressed), (std::vector<std::string>{"rotating", "rotating", "turboquant",
+                                                               "rotating", "shared", "shared"}));
   expect_finite_forward(*model, compressed);
   const auto* shared = dynamic_cast<const SharedKVCache*>(compressed[5].get());
   ASSERT_NE(shared, nullptr);

@@ -29,10 +29,14 @@ struct Problem {
   GatedDeltaInputs inputs(int64_t first, int64_t n) const {
     const int64_t qk = int64_t(shape.key_heads) * shape.k_dim;
     const int64_t vs = int64_t(shape.value_heads) * shape.v_dim;
-    return GatedDeltaInputs{q.data() + first * qk,   k.data() + first * qk,
-                            v.data() + first * vs,   qk,
-                            vs,                      g.data() + first * shape.value_heads,
-                            beta.data() + first * shape.value_heads, n};
+    return GatedDeltaInputs{q.data() + first * qk,
+                            k.data() + first * qk,
+                            v.data() + first * vs,
+                            qk,
+                            vs,
+                            g.data() + first * shape.value_heads,
+                            beta.data() + first * shape.value_heads,
+                            n};
   }
 };
 
