@@ -74,13 +74,26 @@ struct GenerationStats {
   // last sampled token is never fed back). kv_bytes is the caches' exact nbytes(), and
   // kv_bytes_dense the fp16 size of the same tokens:
   // cached_tokens * layers * kv_heads * head_dim * 2 (K and V) * 2 bytes.
+  // Layers without per-token K/V (linear attention) keep a fixed-size recurrent state instead:
+  // state_bytes, counted in neither kv_bytes nor kv_bytes_dense.
   int64_t cached_tokens = 0;
   size_t kv_bytes = 0;
   size_t kv_bytes_dense = 0;
   // Prompt tokens whose K/V came from the session or the prefix cache instead of a prefill
   // (OpenAI's usage.prompt_tokens_details.cached_tokens).
   int64_t prompt_cached_tokens = 0;
+  size_t state_bytes = 0;
   ResolvedKV kv;  // the KV choice this request ran with
+};
+
+// One layer's cache as the cache policy chooses it for a ResolvedKV.
+struct LayerCacheInfo {
+  int layer = 0;
+  std::string kind;         // "attention", "recurrent" (linear attention), "latent" (MLA), "shared"
+  std::string cache;        // "turboquant", "uniform", "dense", "rotating", "recurrent", "shared"
+  bool compressed = false;  // the scheme's codes (after quantized_kv_start when staged)
+  int sliding_window = 0;
+  int shared_with = -1;  // kind "shared": the layer whose cache it reads
 };
 
 // One streamed event. Token events carry the sampled token and the text that became final with
@@ -153,6 +166,7 @@ struct EngineMetrics {
   int64_t waiting_requests = 0;  // queued for a batch slot
   size_t kv_bytes = 0;           // caches of the active sequences, now
   size_t kv_bytes_dense = 0;     // their fp16 equivalent
+  size_t state_bytes = 0;        // their recurrent (linear-attention) states
   int64_t forward_passes = 0;
   // Prefix cache: lookups and hits (requests), prompt tokens restored instead of prefilled,
   // blocks evicted; blocks, tokens and bytes held now, their fp16 equivalent, the budget.
@@ -242,6 +256,8 @@ class Engine {
   // another model or with other KV settings (the message names both).
   virtual std::shared_ptr<Session> load_session(const std::string& path,
                                                 const std::optional<KVOptions>& kv = {}) = 0;
+  // The cache of every layer for a request resolved to kv (default_kv() for the default).
+  virtual std::vector<LayerCacheInfo> cache_layers(const ResolvedKV& kv) const = 0;
 };
 
 }  // namespace turbokv

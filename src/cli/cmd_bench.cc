@@ -14,6 +14,7 @@
 
 #include "cli/bench_e2e.h"
 #include "cli/bench_prefix.h"
+#include "cli/bench_memory.h"
 #include "cli/command.h"
 #include "core/error.h"
 #include "core/threads.h"
@@ -181,15 +182,18 @@ int bench_main(int argc, char** argv) {
   CLI::App* e2e_cmd = add_e2e_bench(app, e2e);
   PrefixBenchFlags prefix;
   CLI::App* prefix_cmd = add_prefix_bench(app, prefix);
+  MemoryBenchFlags memory;
+  CLI::App* memory_cmd = add_memory_bench(app, memory);
   if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
   if (attention_cmd->parsed()) return run_attention_bench(attention);
   if (e2e_cmd->parsed()) return run_e2e_bench(e2e);
   if (prefix_cmd->parsed()) return run_prefix_bench(prefix);
+  if (memory_cmd->parsed()) return run_memory_bench(memory);
   return 2;
 }
 
 }  // namespace
 
-TURBOKV_COMMAND("bench", "benchmarks (attention, e2e, prefix)", bench_main);
+TURBOKV_COMMAND("bench", "benchmarks (attention, e2e, prefix, memory)", bench_main);
 
 }  // namespace turbokv::cli

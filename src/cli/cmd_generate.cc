@@ -40,6 +40,19 @@ void print_stats(const GenerationStats& s) {
       s.kv_bytes_dense, s.kv_bytes_dense ? double(s.kv_bytes) / double(s.kv_bytes_dense) : 0.0);
 }
 
+// The cache policy per layer: {"layer", "kind", "cache", "compressed"[, "shared_with"]}.
+nlohmann::json cache_layers_json(const Engine& engine, const ResolvedKV& kv) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const LayerCacheInfo& l : engine.cache_layers(kv)) {
+    nlohmann::json e = {
+        {"layer", l.layer}, {"kind", l.kind}, {"cache", l.cache}, {"compressed", l.compressed}};
+    if (l.sliding_window > 0) e["sliding_window"] = l.sliding_window;
+    if (l.shared_with >= 0) e["shared_with"] = l.shared_with;
+    layers.push_back(e);
+  }
+  return layers;
+}
+
 nlohmann::json stats_json(const GenerationStats& s) {
   nlohmann::json j = {{"prompt_tokens", s.prompt_tokens},
                       {"generated_tokens", s.generated_tokens},
@@ -48,6 +61,7 @@ nlohmann::json stats_json(const GenerationStats& s) {
                       {"cached_tokens", s.cached_tokens},
                       {"kv_bytes", s.kv_bytes},
                       {"kv_bytes_dense", s.kv_bytes_dense},
+                      {"state_bytes", s.state_bytes},
                       {"kv_scheme", kv_scheme_name(s.kv.scheme)},
                       {"prompt_cached_tokens", s.prompt_cached_tokens}};
   if (s.kv.scheme != KVScheme::kDense) {
@@ -100,7 +114,8 @@ int compare_with_dense(Engine& engine, const GenerateFlags& f) {
                         {"first_divergence", first_divergence},
                         {"teacher_forced_agreeing_tokens", forced_agree},
                         {"teacher_forced_agreement", forced_agreement},
-                        {"kv", stats_json(quant.stats)}};
+                        {"kv", stats_json(quant.stats)},
+                        {"kv_layers", cache_layers_json(engine, quant.stats.kv)}};
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
@@ -176,6 +191,7 @@ int run_generate(int argc, char** argv) {
   cache.save();
   if (f.json) {
     nlohmann::json j = stats_json(result.stats);
+    j["kv_layers"] = cache_layers_json(*engine, result.stats.kv);
     j["text"] = result.text;
     j["tokens"] = result.tokens;
     j["finish_reason"] = finish_reason_name(result.finish_reason);

@@ -190,6 +190,20 @@ class EngineImpl : public Engine {
     return session;
   }
 
+  std::vector<LayerCacheInfo> cache_layers(const ResolvedKV& kv) const override {
+    const std::vector<LayerCachePlan> plan = plan_layer_caches(model_->layer_specs(), kv);
+    std::vector<LayerCacheInfo> out;
+    for (size_t i = 0; i < plan.size(); ++i) {
+      const LayerCachePlan& p = plan[i];
+      const bool compressed =
+          p.kind == LayerCacheKind::kTurboQuant || p.kind == LayerCacheKind::kUniform;
+      out.push_back(LayerCacheInfo{int(i), layer_state_kind_name(p.layer),
+                                   layer_cache_kind_name(p.kind), compressed, p.window,
+                                   p.shared_with});
+    }
+    return out;
+  }
+
  private:
   EngineOptions options_;
   ModelSummary summary_;

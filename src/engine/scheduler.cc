@@ -20,7 +20,11 @@ using Clock = std::chrono::steady_clock;
 
 size_t dense_kv_bytes(const std::vector<LayerSpec>& layers, int64_t tokens) {
   size_t per_token = 0;
-  for (const auto& l : layers) per_token += size_t(l.kv_heads) * l.head_dim * 2 /*K,V*/ * 2;
+  for (const auto& l : layers) {
+    // A KV-shared layer stores nothing; a recurrent state holds no tokens (kv_heads 0).
+    if (l.kind == LayerStateKind::kShared) continue;
+    per_token += size_t(l.kv_heads) * l.head_dim * 2 /*K,V*/ * 2;
+  }
   return per_token * static_cast<size_t>(tokens);
 }
 
@@ -377,7 +381,10 @@ GenerationStats Scheduler::stats_of(const Sequence& seq) const {
   }
   if (!seq.caches.empty()) {
     s.cached_tokens = seq.caches.front()->size();
-    for (const auto& c : seq.caches) s.kv_bytes += c->nbytes();
+    for (const auto& c : seq.caches) {
+      s.kv_bytes += c->nbytes();
+      s.state_bytes += c->state_bytes();
+    }
   }
   s.kv_bytes_dense = dense_kv_bytes(layer_specs_, s.cached_tokens);
   s.prompt_cached_tokens = seq.reused;
@@ -526,17 +533,19 @@ void Scheduler::step() {
   }
   std::erase_if(active_, [](const auto& s) { return s->done; });
 
-  size_t kv_bytes = 0, kv_dense = 0;
+  size_t kv_bytes = 0, kv_dense = 0, state_bytes = 0;
   for (const auto& seq : active_) {
     const auto s = stats_of(*seq);
     kv_bytes += s.kv_bytes;
     kv_dense += s.kv_bytes_dense;
+    state_bytes += s.state_bytes;
   }
   std::lock_guard<std::mutex> lock(mu_);
   ++metrics_.forward_passes;
   metrics_.active_sequences = static_cast<int64_t>(active_.size());
   metrics_.kv_bytes = kv_bytes;
   metrics_.kv_bytes_dense = kv_dense;
+  metrics_.state_bytes = state_bytes;
 }
 
 void Scheduler::publish_prefix_stats() {

@@ -40,7 +40,8 @@ namespace turbokv {
 // Builds one sequence's caches (tests inject fakes; the engine uses make_layer_caches).
 using CacheFactory = std::function<LayerCaches(const ResolvedKV&)>;
 
-// fp16 bytes of K and V for `tokens` tokens in every layer.
+// fp16 bytes of K and V for `tokens` tokens in every layer that stores K/V (KV-shared layers
+// and recurrent states count nothing).
 size_t dense_kv_bytes(const std::vector<LayerSpec>& layers, int64_t tokens);
 
 class Scheduler {

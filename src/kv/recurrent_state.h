@@ -32,6 +32,9 @@ class RecurrentState final : public KVCache {
   size_t state_bytes() const override { return (conv_.size() + state_.size()) * sizeof(float); }
   // Throws Unsupported: linear attention reads the state, not a cache of tokens.
   void attend(const float* q, int n_q, const AttentionParams& params, float* out) const override;
+  // No rows to copy: write_state/copy_rows keep their Unsupported defaults, so a sequence with
+  // a recurrent state is not saved to cache files or shared through the prefix cache.
+  int64_t calibration_tokens() const override { return 0; }
 
   const RecurrentShape& shape() const { return shape_; }
   float* conv() { return conv_.data(); }    // [conv_history, conv_channels], oldest first
@@ -64,6 +67,7 @@ class SharedKVCache final : public KVCache {
   void attend(const float* q, int n_q, const AttentionParams& params, float* out) const override {
     owner_->attend(q, n_q, params, out);
   }
+  int64_t calibration_tokens() const override { return owner_->calibration_tokens(); }
 
   const KVCache& owner() const { return *owner_; }
   int owner_layer() const { return owner_layer_; }

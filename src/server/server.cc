@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <ctime>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "server/openai.h"
@@ -305,6 +306,9 @@ std::string Server::Impl::metrics_text() const {
          static_cast<double>(m.kv_bytes));
   metric("turbokv_kv_bytes_dense", "gauge", "fp16 size of the same KV cache",
          static_cast<double>(m.kv_bytes_dense));
+  metric("turbokv_state_bytes", "gauge",
+         "recurrent-state bytes of the active sequences (linear attention, not in kv_bytes)",
+         static_cast<double>(m.state_bytes));
   metric("turbokv_forward_passes_total", "counter", "batched forward passes", m.forward_passes);
   metric("turbokv_prefix_cache_lookups_total", "counter",
          "requests that looked for a cached prompt prefix", m.prefix_cache_lookups);
@@ -326,6 +330,18 @@ std::string Server::Impl::metrics_text() const {
          static_cast<double>(m.prefix_cache_capacity_bytes));
   metric("turbokv_session_reused_tokens_total", "counter",
          "prompt tokens reused from slot sessions instead of prefilled", m.session_reused_tokens);
+  // The default request's cache policy: layers per (layer kind, cache type).
+  std::map<std::pair<std::string, std::string>, int> layers;
+  for (const LayerCacheInfo& l : engine.cache_layers(engine.default_kv())) {
+    ++layers[{l.kind, l.cache}];
+  }
+  out +=
+      "# HELP turbokv_kv_policy_layers layers per layer kind and the cache type the default "
+      "KV policy gives them\n# TYPE turbokv_kv_policy_layers gauge\n";
+  for (const auto& [key, n] : layers) {
+    out += str_cat("turbokv_kv_policy_layers{kind=\"", key.first, "\",cache=\"", key.second, "\"} ",
+                   n, "\n");
+  }
   return out;
 }
 

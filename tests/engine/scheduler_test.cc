@@ -404,5 +404,17 @@ TEST(Scheduler, ASessionServesOneRequestAtATimeAndAFailureClearsIt) {
   EXPECT_THROW(h.scheduler.submit({1}, foreign), InvalidArgument);
 }
 
+// The fp16 K/V equivalent counts the layers that store K/V: not recurrent states (their bytes
+// are state_bytes) and not KV-shared layers (their owner holds the tokens once).
+TEST(DenseKVBytes, CountsOnlyLayersThatStoreTokens) {
+  std::vector<LayerSpec> specs(4);
+  specs[0].kind = LayerStateKind::kRecurrent;
+  specs[0].recurrent = RecurrentShape{8, 3, 2, 4, 4};
+  specs[1] = LayerSpec{2, 16, 0};
+  specs[2] = LayerSpec{1, 48, 0, LayerStateKind::kLatent};
+  specs[3] = LayerSpec{2, 16, 0, LayerStateKind::kShared, 1};
+  EXPECT_EQ(dense_kv_bytes(specs, 10), size_t(10) * (2 * 16 + 48) * 2 * 2);
+}
+
 }  // namespace
 }  // namespace turbokv
