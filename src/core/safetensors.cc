@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "core/text_file.h"
 
 namespace turbokv {
 namespace {
@@ -84,9 +85,14 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     fail(str_cat("header length ", header_len, " exceeds the file size ", size,
                  " (truncated file?)"));
   }
+  const std::string_view header_text(reinterpret_cast<const char*>(base + 8), header_len);
+  if (const size_t deep = find_json_depth_excess(header_text); deep != std::string_view::npos) {
+    fail(str_cat("header nests arrays/objects deeper than ", kMaxJsonDepth, " levels (at byte ",
+                 8 + deep, ")"));
+  }
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(base + 8, base + 8 + header_len);
+    header = nlohmann::json::parse(header_text);
   } catch (const nlohmann::json::exception& e) {
     fail(str_cat("header is not valid JSON (", e.what(), ")"));
   }
@@ -120,7 +126,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     uint64_t numel = 1;
     for (const auto& d : info["shape"]) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) {
-        fail(str_cat("tensor '", name, "' has an invalid shape entry ", d.dump()));
+        fail(str_cat("tensor '", name, "' has an invalid shape entry ", json_excerpt(d)));
       }
       const uint64_t dim = d.get<uint64_t>();
       if (dim != 0 && numel > (uint64_t(1) << 48) / dim) fail(str_cat("tensor '", name, "' is too large"));

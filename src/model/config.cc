@@ -106,7 +106,7 @@ void parse_layer_types(const nlohmann::json& j, const std::string& path, ModelCo
   if (types == j.end() || types->is_null()) return;
   if (!types->is_array() || int(types->size()) != c.num_layers) {
     throw FormatError(str_cat(path, ": layer_types must list ", c.num_layers, " layer types, got ",
-                              types->dump()));
+                              json_excerpt(*types)));
   }
   const int64_t window = get_int(j, "sliding_window", path).value_or(0);
   for (int i = 0; i < c.num_layers; ++i) {
@@ -117,7 +117,7 @@ void parse_layer_types(const nlohmann::json& j, const std::string& path, ModelCo
       continue;
     }
     if (t != "sliding_attention") {
-      throw Unsupported(str_cat(path, ": layer type ", t.dump(), " of layer ", i,
+      throw Unsupported(str_cat(path, ": layer type ", json_excerpt(t), " of layer ", i,
                                 " is not supported (supported: full_attention, "
                                 "sliding_attention, linear_attention)"));
     }
@@ -139,12 +139,12 @@ std::vector<int32_t> token_ids(const nlohmann::json& j, const char* key, const s
     for (const auto& v : *it) {
       if (!v.is_number_integer()) {
         throw FormatError(
-            str_cat(path, ": field '", key, "' must hold integers, got ", it->dump()));
+            str_cat(path, ": field '", key, "' must hold integers, got ", json_excerpt(*it)));
       }
       ids.push_back(v.get<int32_t>());
     }
   } else {
-    throw FormatError(str_cat(path, ": field '", key, "' is ", it->dump(),
+    throw FormatError(str_cat(path, ": field '", key, "' is ", json_excerpt(*it),
                               ", expected an integer or a list of integers"));
   }
   return ids;
@@ -260,7 +260,7 @@ ModelConfig parse_model_config(const nlohmann::json& top, const std::string& pat
     std::string arch;
     auto archs = j.find("architectures");
     if (archs != j.end() && archs->is_array() && !archs->empty())
-      arch = " (" + archs->front().dump() + ")";
+      arch = " (" + json_excerpt(archs->front()) + ")";
     throw Unsupported(
         str_cat(path, ": architecture '", *model_type, "'", arch,
                 " is not supported; supported model_type values: ", supported_model_types()));

@@ -2,6 +2,7 @@
 #include "model/config_json.h"
 
 #include "core/error.h"
+#include "core/text_file.h"
 
 namespace turbokv::config_json {
 namespace {
@@ -16,7 +17,7 @@ const nlohmann::json* field(const nlohmann::json& j, const char* key) {
 [[noreturn]] void bad_field(const nlohmann::json& value, const char* key, const std::string& path,
                             const char* expected) {
   throw FormatError(
-      str_cat(path, ": field '", key, "' is ", value.dump(), ", expected ", expected));
+      str_cat(path, ": field '", key, "' is ", json_excerpt(value), ", expected ", expected));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "core/text_file.h"
 #include "kv/kv_resolve.h"
 
 namespace turbokv::server {
@@ -37,7 +38,7 @@ std::optional<T> get_typed(const json& body, const char* key, bool (json::*has_t
   const json* v = field(body, key);
   if (!v) return std::nullopt;
   if (!(v->*has_type)()) {
-    throw invalid(key, str_cat("'", key, "' must be ", expected, ", got ", v->dump()));
+    throw invalid(key, str_cat("'", key, "' must be ", expected, ", got ", json_excerpt(*v)));
   }
   return v->get<T>();
 }
@@ -61,7 +62,7 @@ std::optional<double> get_bits(const json& body, const char* key) {
   if (!v) return std::nullopt;
   if (v->is_number()) return v->get<double>();
   if (v->is_string()) return parse_kv_bits(v->get<std::string>(), key);
-  throw invalid(key, str_cat("'", key, "' must be a number, got ", v->dump()));
+  throw invalid(key, str_cat("'", key, "' must be a number, got ", json_excerpt(*v)));
 }
 
 KVOptions parse_kv(const json& body, const KVOptions& server_kv) {
@@ -113,7 +114,7 @@ void parse_common(const json& body, const RequestLimits& limits, const KVOptions
       {"repetition_penalty", s.repetition_penalty > 0}};
   for (const auto& [name, ok] : checks) {
     if (!ok) {
-      throw invalid(name, str_cat("'", name, "'=", field(body, name)->dump(),
+      throw invalid(name, str_cat("'", name, "'=", json_excerpt(*field(body, name)),
                                   " is out of range (temperature [0, 2], top_p (0, 1], top_k "
                                   ">= 0, min_p [0, 1], repetition_penalty > 0)"));
     }
@@ -174,6 +175,21 @@ void require_object(const json& body) {
 }
 
 }  // namespace
+
+json parse_request_body(const std::string& text) {
+  if (const size_t deep = find_json_depth_excess(text); deep != std::string_view::npos) {
+    throw ApiError(400,
+                   str_cat("the request body nests arrays/objects deeper than ", kMaxJsonDepth,
+                           " levels (at byte ", deep, ")"),
+                   "invalid_request_error", std::nullopt, "invalid_json");
+  }
+  json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) {
+    throw ApiError(400, "the request body is not valid JSON", "invalid_request_error", std::nullopt,
+                   "invalid_json");
+  }
+  return body;
+}
 
 ApiRequest parse_chat_request(const json& body, const RequestLimits& limits,
                               const KVOptions& server_kv) {

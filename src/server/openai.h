@@ -47,6 +47,10 @@ struct ApiRequest {
   bool kv_given = false;        // the body has kv_* fields (else a slot keeps its settings)
 };
 
+// The JSON of a request body. Throws ApiError 400 (code invalid_json) for malformed JSON and for
+// arrays/objects nested deeper than kMaxJsonDepth (core/text_file.h).
+nlohmann::json parse_request_body(const std::string& body);
+
 // Throw ApiError (400, naming the parameter) for malformed fields. server_kv is the server's
 // default, which the request's kv_* fields override field by field (kv_bits: null = dense).
 ApiRequest parse_chat_request(const nlohmann::json& body, const RequestLimits& limits,

@@ -40,11 +40,16 @@ struct Server::Impl {
 
 namespace {
 
+// Text the server sends never fails to serialize: invalid UTF-8 becomes U+FFFD.
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 void send_error(httplib::Response& res, int status, const std::string& message,
                 const std::string& type, const std::optional<std::string>& param = std::nullopt,
                 const std::optional<std::string>& code = std::nullopt) {
   res.status = status;
-  res.set_content(error_body(message, type, param, code).dump(), "application/json");
+  res.set_content(dump(error_body(message, type, param, code)), "application/json");
 }
 
 // Runs a handler, turning every exception into an OpenAI error response.
@@ -68,7 +73,7 @@ httplib::Server::Handler guarded(Fn fn) {
 }
 
 std::string sse(const json& event) {
-  return "data: " + event.dump() + "\n\n";
+  return "data: " + dump(event) + "\n\n";
 }
 
 }  // namespace
@@ -120,7 +125,7 @@ void Server::Impl::install_routes() {
                   {"created", created},
                   {"owned_by", "turbokv"},
                   {"context_length", engine.summary().context_length}};
-    res.set_content(json({{"object", "list"}, {"data", json::array({model})}}).dump(),
+    res.set_content(dump(json({{"object", "list"}, {"data", json::array({model})}})),
                     "application/json");
   });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
@@ -165,11 +170,7 @@ void Server::Impl::slot_action(const httplib::Request& req, httplib::Response& r
 }
 
 void Server::Impl::completion(const httplib::Request& req, httplib::Response& res, bool chat) {
-  const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) {
-    throw ApiError(400, "the request body is not valid JSON", "invalid_request_error", std::nullopt,
-                   "invalid_json");
-  }
+  const json body = parse_request_body(req.body);
   const RequestLimits limits{options.max_tokens};
   ApiRequest r = chat ? parse_chat_request(body, limits, engine.options().kv)
                       : parse_completion_request(body, limits, engine.options().kv);
@@ -225,7 +226,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     }
     out["choices"] = json::array({c});
     out["usage"] = usage_json(result.stats);
-    res.set_content(out.dump(), "application/json");
+    res.set_content(dump(out), "application/json");
     return;
   }
 

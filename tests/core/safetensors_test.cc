@@ -73,6 +73,12 @@ TEST(Safetensors, RejectsBrokenFiles) {
   expect_format_error(make_file(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})",
                                 std::string(4, '\0')),
                       "invalid shape");
+  // A shape entry nested 100000 deep is refused before anything walks it.
+  const std::string deep = std::string(100000, '[') + "1" + std::string(100000, ']');
+  expect_format_error(
+      make_file(R"({"a":{"dtype":"F32","shape":[)" + deep + R"(],"data_offsets":[0,4]}})",
+                std::string(4, '\0')),
+      "deeper than 256");
 }
 
 TEST(Safetensors, MissingFileIsIoError) {

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <numbers>
 
 #include "core/error.h"
@@ -112,6 +114,80 @@ TEST(Config, MalformedFieldsNameTheField) {
   scaled["rope_scaling"] = nullptr;
   scaled["num_key_value_heads"] = 3;
   EXPECT_THROW(parse_model_config(scaled, "config.json"), FormatError);
+}
+
+// A copy of the hf-tiny llama config in a temp dir, with one field replaced by raw JSON text.
+class EditedConfig : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("turbokv_config_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    for (const char* f : {"config.json", "generation_config.json"}) {
+      std::filesystem::copy_file(fixture(std::string("hf-tiny/llama/") + f), dir_ / f);
+    }
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Rewrites file with `"key": raw_value` in place of the key's value.
+  void set_raw(const char* file, const std::string& key, const std::string& raw_value) {
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(dir_ / file));
+    j[key] = "@@";
+    std::string text = j.dump();
+    text.replace(text.find("\"@@\""), 4, raw_value);
+    std::ofstream(dir_ / file) << text;
+  }
+  // The message of the FormatError that loading must throw.
+  std::string load_error() {
+    try {
+      load_model_config(dir_.string());
+    } catch (const FormatError& e) {
+      return e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "wrong error type: " << e.what();
+      return "";
+    }
+    ADD_FAILURE() << "no error";
+    return "";
+  }
+
+  std::filesystem::path dir_;
+};
+
+std::string nested(size_t depth) {
+  return std::string(depth, '[') + "1" + std::string(depth, ']');
+}
+
+TEST_F(EditedConfig, DeeplyNestedFieldsAreFormatErrors) {
+  for (const char* key : {"num_hidden_layers", "hidden_act", "eos_token_id", "vocab_size"}) {
+    SetUp();
+    set_raw("config.json", key, nested(100000));
+    const std::string msg = load_error();
+    EXPECT_NE(msg.find("config.json"), std::string::npos) << key << ": " << msg;
+    EXPECT_NE(msg.find("deeper than"), std::string::npos) << key << ": " << msg;
+  }
+  SetUp();
+  set_raw("generation_config.json", "eos_token_id", nested(100000));
+  const std::string msg = load_error();
+  EXPECT_NE(msg.find("generation_config.json"), std::string::npos) << msg;
+}
+
+TEST(Config, NestedValuesWithinTheDepthLimitAreQuotedShort) {
+  // Parsed by nlohmann directly (no depth limit): the error message must not walk the value.
+  for (const char* key : {"num_hidden_layers", "hidden_act", "eos_token_id"}) {
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(fixture("hf-tiny/llama/config.json")));
+    j[key] = nlohmann::json::parse(nested(100000));
+    try {
+      parse_model_config(j, "config.json");
+      ADD_FAILURE() << key << ": no error";
+    } catch (const FormatError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(key), std::string::npos) << msg;
+      EXPECT_LT(msg.size(), 300u) << msg;
+    }
+  }
 }
 
 TEST(RopeScaling, DefaultAndLinear) {

@@ -2,11 +2,14 @@
 KV selection errors as exit code 2, --compare-dense, and the chat REPL commands."""
 import json
 import os
+import shutil
 import subprocess
 
 import pytest
 
 BINARY = os.environ.get("TURBOKV_BINARY", "build/turbokv")
+ROOT = os.environ.get("TURBOKV_SOURCE_DIR",
+                      os.path.join(os.path.dirname(__file__), "..", ".."))
 # Per token per KV head (docs/design.md, "TurboQuant"): TurboQuant K3/V4 116 B, dense fp16 512 B. tinycode-llama has
 # 6 layers (the last kept dense) and 2 KV heads.
 TQ35_BYTES_PER_TOKEN = 2 * (5 * 116 + 512)
@@ -68,3 +71,30 @@ def test_chat_keeps_history_clears_and_exits():
     r = turbokv("chat", "--max-tokens", "8", stdin="hello\n/clear\nwrite code\n/exit\nnever\n")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("\n") == 2  # two replies, nothing after /exit
+
+
+def nested(depth):
+    return "[" * depth + "1" + "]" * depth
+
+
+def test_deeply_nested_template_vars_are_a_format_error(tmp_path):
+    vars_path = tmp_path / "vars.json"
+    vars_path.write_text('{"messages": ' + nested(100000) + "}")
+    r = turbokv("template", "--vars", str(vars_path))
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "deeper than" in r.stderr and "vars.json" in r.stderr
+
+
+@pytest.mark.parametrize("file, key", [
+    ("config.json", "num_hidden_layers"), ("config.json", "eos_token_id"),
+    ("config.json", "hidden_act"), ("generation_config.json", "eos_token_id"),
+])
+def test_deeply_nested_config_fields_are_a_format_error(tmp_path, file, key):
+    model = tmp_path / "model"
+    shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "hf-tiny", "llama"), model)
+    config = json.loads((model / file).read_text())
+    config[key] = "@@"
+    (model / file).write_text(json.dumps(config).replace('"@@"', nested(100000)))
+    r = turbokv("generate", "--model", str(model), "--prompt", "x", "--max-tokens", "2")
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert file in r.stderr and "deeper than" in r.stderr

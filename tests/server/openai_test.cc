@@ -117,6 +117,42 @@ TEST(OpenAIRequest, MalformedFieldsName400Params) {
   EXPECT_EQ(bad_param(json::array()), "<none>");
 }
 
+std::string nested(size_t depth) {
+  return std::string(depth, '[') + "1" + std::string(depth, ']');
+}
+
+TEST(OpenAIRequest, DeeplyNestedTypedFieldsAre400s) {
+  // Within the body's depth limit, and far past it (a value built by nlohmann's own parser):
+  // the error names the field and quotes a short excerpt.
+  for (size_t depth : {size_t(200), size_t(100000)}) {
+    for (const char* key :
+         {"max_tokens", "temperature", "stream", "kv_bits", "seed", "top_k", "stop", "model"}) {
+      const json body = chat({{key, json::parse(nested(depth))}});
+      try {
+        parse_chat_request(body, {}, {});
+        ADD_FAILURE() << key << ": no error";
+      } catch (const ApiError& e) {
+        EXPECT_EQ(e.param.value_or(""), key);
+        EXPECT_LT(std::string(e.what()).size(), 300u) << e.what();
+      }
+    }
+  }
+}
+
+TEST(OpenAIRequest, BodyParsingRefusesDeepNestingAndBadJson) {
+  const std::string deep = R"({"messages": [], "max_tokens": )" + nested(100000) + "}";
+  for (const std::string& text : {deep, std::string("{nope"), std::string("")}) {
+    try {
+      parse_request_body(text);
+      ADD_FAILURE() << "no error";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.code.value_or(""), "invalid_json");
+    }
+  }
+  EXPECT_TRUE(parse_request_body(chat().dump()).is_object());
+}
+
 TEST(OpenAIRequest, CompletionPromptIsAStringOrOneStringArray) {
   EXPECT_EQ(parse_completion_request({{"prompt", "a"}}, {}, {}).prompt, "a");
   EXPECT_EQ(parse_completion_request({{"prompt", {"b"}}}, {}, {}).prompt, "b");

@@ -303,6 +303,21 @@ test('slot save/restore is off without --slot-save-path', async ({ url }) => {
   assert.equal(res.json.error.code, 'slot_save_disabled');
 });
 
+test('deeply nested typed fields get 400s, not a crash', async ({ url, client }) => {
+  const nested = (depth) => '['.repeat(depth) + '1' + ']'.repeat(depth);
+  for (const key of ['max_tokens', 'temperature', 'stream', 'kv_bits', 'seed', 'top_k']) {
+    for (const depth of [200, 30000]) {
+      const body = JSON.stringify(completionParams).replace(/}$/, `, "${key}": ${nested(depth)}}`);
+      const res = await curl(`${url}/v1/completions`, { method: 'POST', body });
+      assertOpenAIError(res, 400, `${key} nested ${depth}`);
+      assert.ok(res.text.length < 1000, `${key}: error body of ${res.text.length} bytes`);
+    }
+  }
+  assert.equal((await curl(`${url}/health`)).status, 200);
+  const r = await client.completions.create({ ...completionParams, max_tokens: 4 });
+  assert.equal(r.object, 'text_completion');
+});
+
 test('metrics report requests, tokens, sequences and KV bytes', async ({ url }) => {
   const m = await curl(`${url}/metrics`);
   assert.equal(m.status, 200);
