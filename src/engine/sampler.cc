@@ -37,16 +37,35 @@ void validate_sampling(const SamplingOptions& o) {
 int32_t argmax(std::span<const float> logits) {
   int32_t best = 0;
   for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
+    if (logits[i] > logits[best] || std::isnan(logits[best])) best = static_cast<int32_t>(i);
   }
   return best;
 }
 
-Sampler::Sampler(const SamplingOptions& options) : options_(options), rng_(options.seed) {
+Sampler::Sampler(const SamplingOptions& options, std::span<const int32_t> masked_ids)
+    : options_(options), masked_(masked_ids), rng_(options.seed) {
   validate_sampling(options);
 }
 
 int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> history) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  // NaN would break the ordering below and +inf the softmax; a masked id can never win, not
+  // even on ties.
+  for (float& l : logits) {
+    if (std::isnan(l)) l = kNegInf;
+    if (l == -kNegInf) l = std::numeric_limits<float>::max();
+  }
+  for (int32_t id : masked_) {
+    if (id >= 0 && static_cast<size_t>(id) < logits.size()) logits[id] = kNegInf;
+  }
+  // Every allowed logit -inf (a broken model): the lowest allowed id, whatever the options.
+  const auto first_allowed = [&] {
+    for (int32_t id = 0; id < static_cast<int32_t>(logits.size()); ++id) {
+      if (!std::binary_search(masked_.begin(), masked_.end(), id)) return id;
+    }
+    return int32_t{0};
+  };
+  if (logits[argmax(logits)] == kNegInf) return first_allowed();
   if (options_.repetition_penalty != 1.0 && options_.repetition_context > 0) {
     const size_t n = std::min<size_t>(history.size(), options_.repetition_context);
     std::unordered_set<int32_t> seen(history.end() - n, history.end());
@@ -57,16 +76,21 @@ int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> histor
       l = l > 0 ? l / penalty : l * penalty;
     }
   }
-  if (options_.temperature == 0) return argmax(logits);
+  if (options_.temperature == 0) {
+    const int32_t best = argmax(logits);
+    return logits[best] == kNegInf ? first_allowed() : best;
+  }
 
-  // Candidates sorted by logit, highest first (ties: lower id first), then cut by top-k.
+  // Candidates (the ids with a finite logit: never a masked one) sorted by logit, highest first
+  // (ties: lower id first), then cut by top-k.
   candidates_.clear();
   for (size_t i = 0; i < logits.size(); ++i) {
-    candidates_.emplace_back(logits[i], static_cast<int32_t>(i));
+    if (logits[i] != kNegInf) candidates_.emplace_back(logits[i], static_cast<int32_t>(i));
   }
   const auto by_logit = [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
+  if (candidates_.empty()) return first_allowed();
   size_t n = candidates_.size();
   if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < n) {
     n = options_.top_k;

@@ -58,10 +58,11 @@ struct Scheduler::Request {
 };
 
 struct Scheduler::Sequence {
-  Sequence(std::shared_ptr<Request> r, LayerCaches c, const Tokenizer& tokenizer)
+  Sequence(std::shared_ptr<Request> r, LayerCaches c, const Tokenizer& tokenizer,
+           std::span<const int32_t> masked_ids)
       : req(std::move(r)),
         caches(std::move(c)),
-        sampler(req->options.sampling),
+        sampler(req->options.sampling, masked_ids),
         decoder(tokenizer, /*skip_special_tokens=*/true),
         stops(req->options.stop),
         history(req->prompt) {}
@@ -83,6 +84,20 @@ struct Scheduler::Sequence {
 };
 
 namespace {
+
+std::vector<int32_t> undecodable_ids(const Tokenizer& tokenizer, int vocab_size) {
+  std::vector<int32_t> ids;
+  const int known = std::min(vocab_size, tokenizer.vocab_size());
+  for (int32_t id = 0; id < known; ++id) {
+    try {
+      tokenizer.id_to_token(id);
+    } catch (const Error&) {
+      ids.push_back(id);
+    }
+  }
+  for (int32_t id = std::max(known, 0); id < vocab_size; ++id) ids.push_back(id);
+  return ids;
+}
 
 class Stream : public GenerationStream {
  public:
@@ -130,7 +145,8 @@ Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, std::vector
       default_kv_(resolve_kv_options(options.kv)),
       layer_specs_(model.layer_specs()),
       context_length_(model.info().max_position_embeddings),
-      vocab_size_(model.info().vocab_size) {
+      vocab_size_(model.info().vocab_size),
+      masked_ids_(undecodable_ids(tokenizer, vocab_size_)) {
   if (options.max_sequences < 1) {
     throw InvalidArgument(str_cat("max_sequences=", options.max_sequences, " must be >= 1"));
   }
@@ -166,6 +182,10 @@ Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, std::vector
   if (budget > 0 && !sliding) {
     prefix_ =
         std::make_unique<PrefixCache>(budget, options.prefix_cache_block, chunk_, layer_specs_);
+  }
+  if (static_cast<int64_t>(masked_ids_.size()) >= vocab_size_) {
+    throw InvalidArgument(str_cat("the tokenizer decodes none of the model's ", vocab_size_,
+                                  " token ids"));
   }
 }
 
@@ -266,8 +286,26 @@ void Scheduler::run() {
       cv_.wait(lock, [&] { return stop_ || !waiting_.empty() || !active_.empty(); });
       if (stop_) return;
     }
-    step();
+    try {
+      step();
+    } catch (...) {
+      // A failure outside one sequence's work (step() isolates those): the batch's requests fail,
+      // the engine thread keeps serving.
+      const auto error = std::current_exception();
+      for (auto& seq : active_) {
+        if (!seq->done) fail(*seq, error);
+      }
+      std::erase_if(active_, [](const auto& s) { return s->done; });
+    }
   }
+}
+
+void Scheduler::fail(Sequence& seq, std::exception_ptr error) {
+  seq.done = true;
+  if (seq.req->session) seq.req->session->release(LayerCaches{}, {}, /*keep=*/false);
+  seq.req->fail(std::move(error));
+  std::lock_guard<std::mutex> lock(mu_);
+  ++metrics_.requests_failed;
 }
 
 void Scheduler::admit_waiting() {
@@ -336,7 +374,7 @@ std::unique_ptr<Scheduler::Sequence> Scheduler::start_sequence(std::shared_ptr<R
     }
   }
   if (caches.empty()) caches = make_caches_(req->kv);
-  auto seq = std::make_unique<Sequence>(req, std::move(caches), tokenizer_);
+  auto seq = std::make_unique<Sequence>(req, std::move(caches), tokenizer_, masked_ids_);
   if (prefix_) seq->settings = settings_for(req->kv);
   if (!from_session && prefix_ && seq->settings) {
     try {
@@ -501,14 +539,8 @@ void Scheduler::step() {
   } catch (...) {
     // The batch's caches may be half-written: those sequences fail, the others never ran.
     const auto error = std::current_exception();
-    for (Sequence* seq : batch) {
-      seq->done = true;
-      if (seq->req->session) seq->req->session->release(LayerCaches{}, {}, /*keep=*/false);
-      seq->req->fail(error);
-    }
+    for (Sequence* seq : batch) fail(*seq, error);
     std::erase_if(active_, [](const auto& s) { return s->done; });
-    std::lock_guard<std::mutex> lock(mu_);
-    metrics_.requests_failed += static_cast<int64_t>(batch.size());
     return;
   }
 
@@ -529,7 +561,13 @@ void Scheduler::step() {
       } catch (const std::exception&) {
       }
     }
-    on_token(seq, seq.sampler.sample(seq.logits, seq.history));
+    try {
+      // Sampling, detokenizing and stop matching are this sequence's alone: a failure there
+      // (a tokenizer that cannot decode an id, ...) ends only this request.
+      on_token(seq, seq.sampler.sample(seq.logits, seq.history));
+    } catch (...) {
+      fail(seq, std::current_exception());
+    }
   }
   std::erase_if(active_, [](const auto& s) { return s->done; });
 

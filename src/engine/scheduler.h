@@ -91,6 +91,8 @@ class Scheduler {
   void on_token(Sequence& seq, int32_t token);
   GenerationStats stats_of(const Sequence& seq) const;
   void check_token_ids(std::span<const int32_t> ids, const char* what) const;
+  // Ends seq with error, as a failed request (the others keep running).
+  void fail(Sequence& seq, std::exception_ptr error);
 
   const Model& model_;
   const Tokenizer& tokenizer_;
@@ -104,6 +106,9 @@ class Scheduler {
   int chunk_;
   std::unique_ptr<PrefixCache> prefix_;  // engine thread only; null when off
   std::vector<std::pair<ResolvedKV, std::optional<std::string>>> settings_;  // engine thread
+  // Ids the model scores but the tokenizer cannot decode (vocab_size padded past the tokenizer,
+  // or holes in its ids), sorted: the sampler never picks them.
+  std::vector<int32_t> masked_ids_;
 
   mutable std::mutex mu_;  // guards waiting_, stop_, metrics_ counters below
   std::condition_variable cv_;

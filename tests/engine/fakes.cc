@@ -40,9 +40,9 @@ int32_t fake_next_token(const std::vector<int32_t>& history) {
   return static_cast<int32_t>((h >> 29) % (kFakeVocab - 1));  // 0..14: never the poison token
 }
 
-FakeModel::FakeModel(int64_t context) {
+FakeModel::FakeModel(int64_t context, int vocab) {
   info_.model_type = "fake";
-  info_.vocab_size = kFakeVocab;
+  info_.vocab_size = vocab;
   info_.num_layers = 2;
   info_.num_heads = 1;
   info_.num_kv_heads = 1;
@@ -70,7 +70,9 @@ void FakeModel::forward(std::span<const Chunk> chunks) const {
       cache->append(k.data(), v.data(), c.n_tokens);
     }
     const auto& history = static_cast<const TokenCache&>(*c.caches->front()).tokens;
-    for (int i = 0; i < kFakeVocab; ++i) c.logits[i] = 0.0f;
+    // The padded ids score highest; the poison token is never a sensible draw.
+    for (int i = 0; i < info_.vocab_size; ++i) c.logits[i] = i < kFakeVocab ? 0.0f : 20.0f;
+    c.logits[kPoisonToken] = -1e9f;
     c.logits[fake_next_token(history)] = 10.0f;
   }
   std::lock_guard<std::mutex> lock(mu_);

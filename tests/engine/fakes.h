@@ -40,12 +40,15 @@ class TokenCache : public KVCache {
   std::vector<int32_t> tokens;
 };
 
-// The next token after a history: never the poison token; EOS when the hash says so.
+// The next token after a history: never the poison token (whose logit is -1e9, so that sampling
+// does not pick it either); EOS when the hash says so.
 int32_t fake_next_token(const std::vector<int32_t>& history);
 
+// vocab > kFakeVocab pads the vocabulary past FakeTokenizer's, as checkpoints with padded
+// embedding rows do; the padded ids then get the highest logits of all.
 class FakeModel : public Model {
  public:
-  explicit FakeModel(int64_t context = 4096);
+  explicit FakeModel(int64_t context = 4096, int vocab = kFakeVocab);
   const ModelInfo& info() const override { return info_; }
   std::vector<LayerSpec> layer_specs() const override;
   void forward(std::span<const Chunk> chunks) const override;

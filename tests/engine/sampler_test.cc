@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include "core/error.h"
@@ -110,6 +111,48 @@ TEST(Sampler, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogits) {
   Sampler recent(o);
   logits = {2.0f, 1.9f, -1.0f};
   EXPECT_EQ(recent.sample(logits, history), 0);
+}
+
+TEST(Sampler, MaskedIdsAreNeverChosen) {
+  const std::vector<int32_t> masked = {1, 4, 5};  // 4, 5: a padded tail; 1: a hole
+  std::vector<float> best_masked = {0.0f, 9.0f, 1.0f, 0.5f, 9.0f, 9.0f};
+  {
+    Sampler greedy(SamplingOptions{}, masked);
+    auto l = best_masked;
+    EXPECT_EQ(greedy.sample(l, {}), 2);
+  }
+  SamplingOptions o;
+  o.temperature = 2.0;
+  for (int top_k : {0, 1, 2, 6}) {
+    o.top_k = top_k;
+    Sampler sampler(o, masked);
+    for (int i = 0; i < 2000; ++i) {
+      auto l = best_masked;
+      const int32_t t = sampler.sample(l, {});
+      ASSERT_TRUE(t == 0 || t == 2 || t == 3) << t << " top_k " << top_k;
+    }
+  }
+}
+
+TEST(Sampler, NonFiniteLogitsNeverBreakTheDraw) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  SamplingOptions o;
+  o.temperature = 1.0;
+  o.top_p = 0.9;
+  const std::vector<int32_t> masked = {3};
+  Sampler sampler(o, masked);
+  for (int i = 0; i < 200; ++i) {
+    std::vector<float> l = {nan, 1.0f, inf, 5.0f, nan};
+    EXPECT_EQ(sampler.sample(l, {}), 2);
+    std::vector<float> all_nan(64, nan);
+    const int32_t t = sampler.sample(all_nan, {});
+    EXPECT_EQ(t, 0);
+    std::vector<float> only_masked_finite = {-inf, -inf, -inf, 1.0f};
+    EXPECT_EQ(sampler.sample(only_masked_finite, {}), 0);
+  }
+  std::vector<float> l = {nan, 1.0f, 2.0f};
+  EXPECT_EQ(argmax(l), 2);
 }
 
 TEST(Sampler, OutOfRangeOptionsAreInvalidArguments) {

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include "core/error.h"
 #include "fakes.h"
 
 namespace turbokv {
@@ -264,6 +267,64 @@ TEST(Scheduler, FailingRequestReportsItsErrorAndTheEngineKeepsServing) {
   auto r = drain(*h.scheduler.submit({1, 2}, max_tokens(5)));
   EXPECT_EQ(r.tokens, expected_tokens({1, 2}, 5));
   EXPECT_EQ(h.scheduler.metrics().requests_failed, 1);
+}
+
+TEST(Scheduler, PaddedVocabIdsAreNeverSampled) {
+  // The model scores 24 ids, the tokenizer has 16; the padded ones get the highest logits.
+  FakeModel model(4096, testing::kFakeVocab + 8);
+  FakeTokenizer tokenizer;
+  Scheduler scheduler(model, tokenizer, {testing::kFakeEos}, {}, testing::make_token_caches);
+  scheduler.start();
+  auto greedy = drain(*scheduler.submit({1, 2}, max_tokens(20)));
+  EXPECT_EQ(greedy.tokens, expected_tokens({1, 2}, 20));
+  GenerateOptions o = max_tokens(200);
+  o.ignore_eos = true;
+  o.sampling.temperature = 2.0;  // flat: every finite logit gets sampled now and then
+  for (uint64_t seed = 0; seed < 5; ++seed) {
+    o.sampling.seed = seed;
+    auto r = drain(*scheduler.submit({3}, o));
+    ASSERT_EQ(r.tokens.size(), 200u);
+    for (int32_t t : r.tokens) ASSERT_LT(t, testing::kFakeVocab);
+  }
+  EXPECT_EQ(scheduler.metrics().requests_failed, 0);
+}
+
+// Decoding one id fails (a tokenizer that cannot turn it into text).
+class FailingDecodeTokenizer : public FakeTokenizer {
+ public:
+  explicit FailingDecodeTokenizer(int32_t bad) : bad_(bad) {}
+  std::string decode(std::span<const int32_t> ids, bool skip_special) const override {
+    for (int32_t id : ids) {
+      if (id == bad_) throw InvalidArgument("fake tokenizer: cannot decode this id");
+    }
+    return FakeTokenizer::decode(ids, skip_special);
+  }
+
+ private:
+  int32_t bad_;
+};
+
+TEST(Scheduler, ADecoderFailureEndsOnlyThatRequest) {
+  // A prompt whose greedy output has some token, and one whose output never does.
+  const std::vector<int32_t> hit = {1};
+  const int32_t bad = expected_tokens(hit, 30).at(0);
+  std::vector<int32_t> miss;
+  for (int32_t p = 2; p < testing::kFakeVocab - 1 && miss.empty(); ++p) {
+    const auto want = expected_tokens({p}, 30);
+    if (std::find(want.begin(), want.end(), bad) == want.end()) miss = {p};
+  }
+  ASSERT_FALSE(miss.empty());
+  FakeModel model;
+  FailingDecodeTokenizer tokenizer(bad);
+  Scheduler scheduler(model, tokenizer, {testing::kFakeEos}, {}, testing::make_token_caches);
+  scheduler.start();
+  auto failing = scheduler.submit(hit, max_tokens(30));
+  auto fine = scheduler.submit(miss, max_tokens(30));
+  GenerationChunk c;
+  EXPECT_THROW(while (failing->next(&c)){}, InvalidArgument);
+  EXPECT_EQ(drain(*fine).tokens, expected_tokens(miss, 30));
+  EXPECT_EQ(drain(*scheduler.submit(miss, max_tokens(30))).tokens, expected_tokens(miss, 30));
+  EXPECT_EQ(scheduler.metrics().requests_failed, 1);
 }
 
 TEST(Scheduler, CancelEndsTheRequest) {

@@ -10,6 +10,8 @@ import pytest
 BINARY = os.environ.get("TURBOKV_BINARY", "build/turbokv")
 ROOT = os.environ.get("TURBOKV_SOURCE_DIR",
                       os.path.join(os.path.dirname(__file__), "..", ".."))
+# vocab_size 512 in config.json, 257 ids in the tokenizer (tests/fixtures/padded-vocab/README.md).
+PADDED = os.path.join(ROOT, "tests", "fixtures", "padded-vocab")
 # Per token per KV head (docs/design.md, "TurboQuant"): TurboQuant K3/V4 116 B, dense fp16 512 B. tinycode-llama has
 # 6 layers (the last kept dense) and 2 KV heads.
 TQ35_BYTES_PER_TOKEN = 2 * (5 * 116 + 512)
@@ -71,6 +73,14 @@ def test_chat_keeps_history_clears_and_exits():
     r = turbokv("chat", "--max-tokens", "8", stdin="hello\n/clear\nwrite code\n/exit\nnever\n")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("\n") == 2  # two replies, nothing after /exit
+
+
+def test_padded_vocab_model_samples_only_tokenizer_ids():
+    # Sampling at a high temperature would draw a padded id (257..511) within a few tokens.
+    r = turbokv("generate", "--model", PADDED, "--prompt", "hello", "--temperature", "1.5",
+                "--max-tokens", "200", "--ignore-eos", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["generated_tokens"] == 200
 
 
 def nested(depth):

@@ -170,3 +170,14 @@ def test_sampling_is_reproducible_with_a_seed(loaded):
     kw = dict(max_tokens=24, temperature=0.9, top_p=0.95, seed=11)
     assert (turbokv.generate(model, processor, "import", **kw) ==
             turbokv.generate(model, processor, "import", **kw))
+
+
+def test_padded_vocab_ids_are_never_sampled():
+    # config.json says 512 ids, the tokenizer has 257 (tests/fixtures/padded-vocab/README.md).
+    model, processor = turbokv.load(os.path.join(ROOT, "tests", "fixtures", "padded-vocab"))
+    for seed in range(3):
+        chunks = list(turbokv.stream_generate(model, processor, "hello", max_tokens=200,
+                                              temperature=1.5, seed=seed, ignore_eos=True))
+        tokens = [c.token for c in chunks if c.token >= 0]
+        assert len(tokens) == 200
+        assert max(tokens) < 257

@@ -12,6 +12,7 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
 
 const [binary, modelDir] = process.argv.slice(2);
@@ -24,10 +25,13 @@ const MAX_BODY = 65536;
 // kept dense, 2 KV heads.
 const TQ35_BYTES_PER_TOKEN = 2 * (5 * 116 + 512);
 
-function startServer(extraArgs = []) {
+// vocab_size 512, 257 tokenizer ids (tests/fixtures/padded-vocab/README.md).
+const PADDED_MODEL = fileURLToPath(new URL('../fixtures/padded-vocab', import.meta.url));
+
+function startServer(extraArgs = [], model = modelDir) {
   const args = ['server', '--port', '0', '--max-body-bytes', String(MAX_BODY),
                 '--max-tokens-limit', '512', ...extraArgs];
-  if (modelDir) args.push('--model', modelDir);
+  if (model) args.push('--model', model);
   const child = spawn(binary, args, { stdio: ['ignore', 'pipe', 'inherit'] });
   return new Promise((resolve, reject) => {
     let out = '';
@@ -407,6 +411,24 @@ async function slotsTest() {
   }
 }
 
+// A checkpoint whose vocab_size is padded past its tokenizer: sampling never picks a padded id,
+// so every request succeeds and the server keeps serving.
+async function paddedVocabTest() {
+  const { child, url } = await startServer([], PADDED_MODEL);
+  try {
+    const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'unused', maxRetries: 0 });
+    const params = { model: 'x', prompt: 'hello', max_tokens: 200, temperature: 1.5 };
+    const results = await Promise.all([0, 1, 2, 3].map((seed) =>
+      client.completions.create({ ...params, seed })));
+    for (const r of results) assert.ok(['stop', 'length'].includes(r.choices[0].finish_reason));
+    const streamed = await streamText(client, 'completion', { ...params, seed: 9 });
+    assert.ok(streamed.finish);
+    assert.equal((await curl(`${url}/health`)).status, 200);
+  } finally {
+    child.kill('SIGTERM');
+  }
+}
+
 async function main() {
   const { child, url } = await startServer();
   const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'unused', maxRetries: 0 });
@@ -423,6 +445,7 @@ async function main() {
   for (const t of tests) await run(t.name, () => t.fn({ url, client }));
   await run('API key: 401 without it, served with it', apiKeyTest);
   await run('slots: id_slot reuse, save/restore in the slot directory only', slotsTest);
+  await run('padded vocab: only tokenizer ids are sampled', paddedVocabTest);
   const exited = new Promise((resolve) => child.on('exit', resolve));
   child.kill('SIGTERM');
   const code = await exited;
