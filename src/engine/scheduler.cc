@@ -296,6 +296,7 @@ void Scheduler::run() {
         if (!seq->done) fail(*seq, error);
       }
       std::erase_if(active_, [](const auto& s) { return s->done; });
+      publish_metrics(/*forward_pass=*/false);
     }
   }
 }
@@ -497,7 +498,10 @@ void Scheduler::step() {
     if (seq->req->cancelled) finish(*seq, FinishReason::kCancelled, "", -1);
   }
   std::erase_if(active_, [](const auto& s) { return s->done; });
-  if (active_.empty()) return;
+  if (active_.empty()) {
+    publish_metrics(/*forward_pass=*/false);  // the last sequences may just have been cancelled
+    return;
+  }
 
   // Decode tokens first (one per sequence), then prompt chunks within the token budget.
   std::vector<Model::Chunk> chunks;
@@ -541,6 +545,7 @@ void Scheduler::step() {
     const auto error = std::current_exception();
     for (Sequence* seq : batch) fail(*seq, error);
     std::erase_if(active_, [](const auto& s) { return s->done; });
+    publish_metrics(/*forward_pass=*/false);
     return;
   }
 
@@ -570,7 +575,10 @@ void Scheduler::step() {
     }
   }
   std::erase_if(active_, [](const auto& s) { return s->done; });
+  publish_metrics(/*forward_pass=*/true);
+}
 
+void Scheduler::publish_metrics(bool forward_pass) {
   size_t kv_bytes = 0, kv_dense = 0, state_bytes = 0;
   for (const auto& seq : active_) {
     const auto s = stats_of(*seq);
@@ -579,7 +587,7 @@ void Scheduler::step() {
     state_bytes += s.state_bytes;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  ++metrics_.forward_passes;
+  if (forward_pass) ++metrics_.forward_passes;
   metrics_.active_sequences = static_cast<int64_t>(active_.size());
   metrics_.kv_bytes = kv_bytes;
   metrics_.kv_bytes_dense = kv_dense;

@@ -93,6 +93,9 @@ class Scheduler {
   void check_token_ids(std::span<const int32_t> ids, const char* what) const;
   // Ends seq with error, as a failed request (the others keep running).
   void fail(Sequence& seq, std::exception_ptr error);
+  // Copies the active sequences' count and KV bytes into the metrics (after every step, so
+  // they fall back to 0 as soon as the last sequence ends).
+  void publish_metrics(bool forward_pass);
 
   const Model& model_;
   const Tokenizer& tokenizer_;

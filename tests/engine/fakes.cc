@@ -1,6 +1,8 @@
 // Test doubles for the scheduler tests (see fakes.h).
 #include "fakes.h"
 
+#include <thread>
+
 #include "core/error.h"
 #include "kv/byte_io.h"
 
@@ -56,6 +58,7 @@ std::vector<LayerSpec> FakeModel::layer_specs() const {
 }
 
 void FakeModel::forward(std::span<const Chunk> chunks) const {
+  if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_.load()));
   std::vector<int> sizes;
   for (const auto& c : chunks) {
     sizes.push_back(c.n_tokens);

@@ -4,6 +4,8 @@
 // lost tokens) visible as different outputs.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -55,9 +57,12 @@ class FakeModel : public Model {
 
   // Chunk sizes of every forward call, in order.
   std::vector<std::vector<int>> calls() const;
+  // Each forward call sleeps this long (requests that stay active while a test acts).
+  void set_delay(std::chrono::microseconds delay) { delay_us_ = delay.count(); }
 
  private:
   ModelInfo info_;
+  std::atomic<int64_t> delay_us_{0};
   mutable std::mutex mu_;
   mutable std::vector<std::vector<int>> calls_;
 };

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "core/error.h"
 #include "fakes.h"
@@ -337,6 +339,42 @@ TEST(Scheduler, CancelEndsTheRequest) {
   auto r = drain(*s);
   EXPECT_EQ(r.finish_reason, FinishReason::kCancelled);
   EXPECT_TRUE(r.tokens.empty());
+}
+
+// Polls until pred holds (true) or 10 s pass (false).
+template <typename Pred>
+bool eventually(Pred pred) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+TEST(Scheduler, MetricsReturnToIdleWhenTheLastSequencesAreCancelled) {
+  Harness h({}, /*context=*/1 << 20);
+  h.model.set_delay(std::chrono::milliseconds(1));
+  h.scheduler.start();
+  GenerateOptions o = max_tokens(100000);
+  o.ignore_eos = true;
+  auto a = h.scheduler.submit({1, 2}, o);
+  auto b = h.scheduler.submit({3}, o);
+  ASSERT_TRUE(eventually([&] {
+    const auto m = h.scheduler.metrics();
+    return m.active_sequences == 2 && m.kv_bytes > 0;
+  }));
+  a->cancel();
+  b->cancel();
+  EXPECT_EQ(drain(*a).finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(drain(*b).finish_reason, FinishReason::kCancelled);
+  // No other request comes: the gauges must still fall back to idle.
+  EXPECT_TRUE(eventually([&] {
+    const auto m = h.scheduler.metrics();
+    return m.active_sequences == 0 && m.kv_bytes == 0 && m.kv_bytes_dense == 0 &&
+           m.waiting_requests == 0;
+  })) << "active_sequences "
+      << h.scheduler.metrics().active_sequences << ", kv_bytes " << h.scheduler.metrics().kv_bytes;
 }
 
 TEST(Scheduler, MetricsCountRequestsAndTokens) {
