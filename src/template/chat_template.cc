@@ -23,6 +23,9 @@ namespace {
 struct Scope {
   std::unordered_map<std::string, Value> vars;
   Scope* parent = nullptr;
+  // Expires with the scope: a macro or caller() that outlives the scope it was defined in
+  // (stored in a namespace and called later) fails instead of reading a dead scope.
+  std::shared_ptr<char> alive = std::make_shared<char>();
 
   const Value* lookup(const std::string& name) const {
     for (const Scope* s = this; s != nullptr; s = s->parent) {
@@ -63,9 +66,11 @@ class Renderer {
     switch (s.kind) {
       case Stmt::Kind::kText:
         out += s.text;
+        jinja::check_text_size(out.size());
         return Flow::kNormal;
       case Stmt::Kind::kOutput:
         out += eval(*s.expr, scope).to_string();
+        jinja::check_text_size(out.size());
         return Flow::kNormal;
       case Stmt::Kind::kIf:
         for (size_t i = 0; i < s.conditions.size(); ++i) {
@@ -93,7 +98,9 @@ class Renderer {
       case Stmt::Kind::kCallBlock: {
         const Expr& call = *s.expr;
         Value caller(
-            [this, &s, &scope](const ValueList& args, const KwArgs& kwargs) {
+            [this, &s, &scope, defined = std::weak_ptr<char>(scope.alive)](const ValueList& args,
+                                                                           const KwArgs& kwargs) {
+              if (defined.expired()) fail_out_of_scope("caller");
               Scope local{{}, &scope};
               bind_params(s.params, args, kwargs, local, "caller");
               std::string body;
@@ -107,6 +114,7 @@ class Renderer {
         KwArgs kwargs = eval_kwargs(call, scope);
         kwargs.emplace_back("caller", caller);
         out += invoke(callee, args, kwargs).to_string();
+        jinja::check_text_size(out.size());
         return Flow::kNormal;
       }
       case Stmt::Kind::kFilterBlock: {
@@ -114,6 +122,7 @@ class Renderer {
         run_nested(s.bodies[0], scope, captured);
         const Value body(std::move(captured));
         out += eval_filters(*s.expr, &body, scope).to_string();
+        jinja::check_text_size(out.size());
         return Flow::kNormal;
       }
       case Stmt::Kind::kBreak:
@@ -186,6 +195,7 @@ class Renderer {
     }
     const int64_t n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
+      jinja::charge_work(1);
       Scope local{{}, &scope};
       bind_targets(s.targets, items[i], local);
       auto loop = std::make_shared<jinja::ValueDict>();
@@ -246,12 +256,15 @@ class Renderer {
 
   Value make_macro(const Stmt& s, Scope& scope) {
     return Value(
-        [this, &s, &scope](const ValueList& args, const KwArgs& kwargs) {
+        [this, &s, &scope, defined = std::weak_ptr<char>(scope.alive)](const ValueList& args,
+                                                                       const KwArgs& kwargs) {
+          if (defined.expired()) fail_out_of_scope(s.text);
           if (macro_depth_ >= kMaxMacroDepth) {
             throw TemplateError(
                 str_cat("macro '", s.text, "' recursed deeper than ", kMaxMacroDepth, " calls"));
           }
           ++macro_depth_;
+          jinja::charge_work(1);
           struct DepthRestore {
             int& depth;
             ~DepthRestore() { --depth; }
@@ -263,6 +276,11 @@ class Renderer {
           return Value(std::move(body));
         },
         s.text);
+  }
+
+  [[noreturn]] static void fail_out_of_scope(const std::string& name) {
+    throw TemplateError(
+        str_cat("macro '", name, "' was called after the block that defined it had ended"));
   }
 
   static Value invoke(const Value& callee, const ValueList& args, const KwArgs& kwargs) {
@@ -299,7 +317,13 @@ class Renderer {
     return jinja::apply_filter(e.name, inner, eval_args(e, scope), eval_kwargs(e, scope));
   }
 
+  // Every expression evaluated is charged to the render's budget.
   Value eval(const Expr& e, Scope& scope) {
+    jinja::charge_work(1);  // the strings and lists it builds are charged when built
+    return eval_unbounded(e, scope);
+  }
+
+  Value eval_unbounded(const Expr& e, Scope& scope) {
     switch (e.kind) {
       case Expr::Kind::kLiteral:
         return e.value;
@@ -344,7 +368,7 @@ class Renderer {
       case Expr::Kind::kNegate: {
         const Value v = eval(*e.items[0], scope);
         if (v.is_float()) return Value(-v.as_double());
-        if (v.is_int() || v.is_bool()) return Value(-v.as_int());
+        if (v.is_int() || v.is_bool()) return Value(jinja::negate_int(v.as_int()));
         if (v.is_undefined()) jinja::fail_undefined(v);
         throw TemplateError(str_cat("bad operand type for unary -: '", v.type_name(), "'"));
       }
@@ -356,7 +380,12 @@ class Renderer {
         }
         const Value left = eval(*e.items[0], scope);
         const Value right = eval(*e.items[1], scope);
-        if (e.name == "~") return Value(left.to_string() + right.to_string());
+        if (e.name == "~") {
+          std::string text = left.to_string();
+          jinja::check_text_size(text.size());
+          text += right.to_string();
+          return Value(std::move(text));
+        }
         return jinja::arithmetic(e.name, left, right);
       }
       case Expr::Kind::kCompare: {
@@ -433,6 +462,7 @@ std::string render_with(const Body& body, const std::optional<std::tm>& pinned, 
     throw InvalidArgument(
         str_cat("template variables must be a JSON object, got ", vars.type_name()));
   }
+  const jinja::RenderBudget budget;
   Renderer renderer(pinned ? *pinned : local_now());
   Scope globals;
   globals.vars["raise_exception"] = Value(
@@ -448,10 +478,19 @@ std::string render_with(const Body& body, const std::optional<std::tm>& pinned, 
         return renderer.strftime_now(args[0].str());
       },
       "strftime_now");
-  auto dict_from_kwargs = [](bool is_namespace) {
-    return [is_namespace](const ValueList& args, const KwArgs& kwargs) {
+  // Every namespace of this render, emptied when it ends (see ValueDict).
+  std::vector<std::shared_ptr<jinja::ValueDict>> namespaces;
+  struct EmptyNamespaces {
+    std::vector<std::shared_ptr<jinja::ValueDict>>& all;
+    ~EmptyNamespaces() {
+      for (auto& ns : all) ns->entries.clear();
+    }
+  } empty_namespaces{namespaces};
+  auto dict_from_kwargs = [&namespaces](bool is_namespace) {
+    return [is_namespace, &namespaces](const ValueList& args, const KwArgs& kwargs) {
       auto dict = std::make_shared<jinja::ValueDict>();
       dict->is_namespace = is_namespace;
+      if (is_namespace) namespaces.push_back(dict);
       for (const Value& arg : args) {
         if (!arg.is_dict())
           throw TemplateError("namespace()/dict() positional argument must be a mapping");
@@ -476,9 +515,12 @@ std::string render_with(const Body& body, const std::optional<std::tm>& pinned, 
         const int64_t step = args.size() > 2 ? args[2].as_int() : 1;
         if (step == 0) throw TemplateError("range() arg 3 must not be zero");
         ValueList out;
-        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-          if (out.size() >= 1'000'000) throw TemplateError("range() is too long for a template");
+        for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
+          if (out.size() >= jinja::kMaxListItems) {
+            throw TemplateError("range() is too long for a template");
+          }
           out.emplace_back(i);
+          if (__builtin_add_overflow(i, step, &i)) break;  // past INT64 limits: past stop too
         }
         return Value(std::move(out));
       },
@@ -488,7 +530,13 @@ std::string render_with(const Body& body, const std::optional<std::tm>& pinned, 
     for (const auto& [key, value] : vars.items()) context.vars[key] = Value::from_json(value);
   }
   std::string out;
-  renderer.run(body, context, out);
+  try {
+    renderer.run(body, context, out);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // e.g. a number too long for std::stoll
+    throw TemplateError(str_cat("template error: ", e.what()));
+  }
   return out;
 }
 

@@ -110,6 +110,7 @@ ValueList split(const std::string& s, const Value& separator, int64_t max_split)
       const size_t start = i;
       while (i < cps.size() && !utf8::is_space(cps[i])) ++i;
       parts.emplace_back(from_code_points(cps, start, i));
+      check_list_size(parts.size());
     }
     return parts;
   }
@@ -124,6 +125,7 @@ ValueList split(const std::string& s, const Value& separator, int64_t max_split)
       return parts;
     }
     parts.emplace_back(s.substr(pos, at - pos));
+    check_list_size(parts.size());
     pos = at + sep.size();
   }
 }
@@ -140,6 +142,7 @@ std::string replace(const std::string& s, const std::string& from, const std::st
         ++done;
       }
       if (i < cps.size()) utf8::append(out, cps[i]);
+      check_text_size(out.size());
     }
     return out;
   }
@@ -149,6 +152,7 @@ std::string replace(const std::string& s, const std::string& from, const std::st
     const size_t at = s.find(from, pos);
     if (at == std::string::npos) break;
     out.append(s, pos, at - pos).append(to);
+    check_text_size(out.size());
     pos = at + from.size();
     ++done;
   }
@@ -188,6 +192,7 @@ std::string format(const std::string& s, const ValueList& args, const KwArgs& kw
         if (value == nullptr) throw TemplateError(str_cat("'", field, "'"));
       }
       out += value->to_string();
+      check_text_size(out.size());
       i = close;
     } else {
       out += s[i];
@@ -273,6 +278,7 @@ Value call_string_method(const std::string& s, const std::string& name, const Va
                                     item.type_name(), " found"));
       }
       out.append(index++ ? s : "").append(item.str());
+      check_text_size(out.size());
     }
     return Value(out);
   }
@@ -308,6 +314,7 @@ Value call_string_method(const std::string& s, const std::string& name, const Va
         break;
       }
       lines.emplace_back(s.substr(pos, at - pos));
+      check_list_size(lines.size());
       pos = at + ((s[at] == '\r' && at + 1 < s.size() && s[at + 1] == '\n') ? 2 : 1);
     }
     return Value(std::move(lines));
@@ -352,12 +359,26 @@ Value floor_div_or_mod(const Value& a, const Value& b, bool mod) {
     return mod ? Value(x - q * y) : Value(q);
   }
   const int64_t x = a.as_int(), y = b.as_int();
+  if (x == INT64_MIN && y == -1) {
+    if (mod) return Value(int64_t(0));
+    throw TemplateError("integer overflow in '//'");
+  }
   int64_t q = x / y;
   if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
   return mod ? Value(x - q * y) : Value(q);
 }
 
 Value repeat(const Value& seq, int64_t times) {
+  const size_t unit = seq.is_string() ? seq.str().size() : seq.list().size();
+  if (times > 0 && unit > 0) {
+    const size_t limit = seq.is_string() ? kMaxTextBytes : kMaxListItems;
+    if (static_cast<uint64_t>(times) > limit / unit) {
+      throw TemplateError(str_cat("repeating a ", seq.type_name(), " of length ", unit, " ", times,
+                                  " times: more than the limit of ", limit));
+    }
+    const int64_t size = static_cast<int64_t>(unit) * times;
+    charge_work(seq.is_string() ? size / 64 : size);
+  }
   if (seq.is_string()) {
     std::string out;
     for (int64_t i = 0; i < times; ++i) out += seq.str();
@@ -427,14 +448,16 @@ std::string html_escape(const std::string& s) {
         out += c;
     }
   }
+  check_text_size(out.size());
   return out;
 }
 
 std::string indent(const std::string& input, const Value& width, bool first, bool blank) {
+  const int64_t spaces = width.is_string() ? 0 : need_int(width, "width");
+  check_text_size(static_cast<size_t>(std::max<int64_t>(0, spaces)));
   const std::string indention =
-      width.is_string()
-          ? width.str()
-          : std::string(static_cast<size_t>(std::max<int64_t>(0, need_int(width, "width"))), ' ');
+      width.is_string() ? width.str()
+                        : std::string(static_cast<size_t>(std::max<int64_t>(0, spaces)), ' ');
   std::vector<std::string> lines;
   const std::string s = input + "\n";
   size_t pos = 0;
@@ -445,19 +468,33 @@ std::string indent(const std::string& input, const Value& width, bool first, boo
   }
   std::string rv;
   if (blank) {
-    for (size_t i = 0; i < lines.size(); ++i) rv.append(i ? "\n" + indention : "").append(lines[i]);
+    for (size_t i = 0; i < lines.size(); ++i) {
+      rv.append(i ? "\n" + indention : "").append(lines[i]);
+      check_text_size(rv.size());
+    }
   } else {
     rv = lines[0];
     for (size_t i = 1; i < lines.size(); ++i) {
       rv.append("\n").append(lines[i].empty() ? "" : indention).append(lines[i]);
+      check_text_size(rv.size());
     }
   }
   return first ? indention + rv : rv;
 }
 
+// int(x) of a float: truncated toward zero; NaN, infinities and values past int64 fail (Python
+// has unbounded ints, templates do not).
+Value float_to_int(double d) {
+  if (!(d > -9223372036854775808.0 && d < 9223372036854775808.0)) {
+    throw TemplateError(
+        str_cat("cannot convert float ", python_float_repr(d), " to a 64-bit integer"));
+  }
+  return Value(static_cast<int64_t>(d));
+}
+
 Value to_int(const Value& v, const Value& fallback) {
   if (v.is_int() || v.is_bool()) return Value(v.as_int());
-  if (v.is_float()) return Value(static_cast<int64_t>(v.as_double()));
+  if (v.is_float()) return float_to_int(v.as_double());
   if (v.is_string()) {
     const std::string s = strip(v.str(), Value(), true, true);
     try {
@@ -465,7 +502,7 @@ Value to_int(const Value& v, const Value& fallback) {
       const int64_t i = std::stoll(s, &used);
       if (used == s.size()) return Value(i);
       const double d = std::stod(s, &used);
-      if (used == s.size()) return Value(static_cast<int64_t>(d));
+      if (used == s.size()) return float_to_int(d);
     } catch (const std::exception&) {
     }
   }
@@ -499,10 +536,19 @@ std::string percent_format(const std::string& format, const Value& args) {
     }
     size_t j = i + 1;
     while (j < format.size() && std::strchr("-+ #0", format[j])) ++j;
-    while (j < format.size() && std::isdigit(static_cast<unsigned char>(format[j]))) ++j;
+    // Width and precision stay below 400 so that every conversion fits the buffer.
+    auto digits = [&] {
+      const size_t first = j;
+      while (j < format.size() && std::isdigit(static_cast<unsigned char>(format[j]))) ++j;
+      if (j - first > 3 || (j - first == 3 && format[first] >= '4')) {
+        throw TemplateError(str_cat("format width or precision ", format.substr(first, j - first),
+                                    " is too large (at most 399)"));
+      }
+    };
+    digits();
     if (j < format.size() && format[j] == '.') {
       ++j;
-      while (j < format.size() && std::isdigit(static_cast<unsigned char>(format[j]))) ++j;
+      digits();
     }
     if (j >= format.size()) throw TemplateError("incomplete format");
     const char conversion = format[j];
@@ -514,7 +560,7 @@ std::string percent_format(const std::string& format, const Value& args) {
     }
     if (next >= values.size()) throw TemplateError("not enough arguments for format string");
     const Value& v = values[next++];
-    char buf[512];
+    char buf[1024];
     switch (conversion) {
       case 's':
       case 'r': {
@@ -523,19 +569,28 @@ std::string percent_format(const std::string& format, const Value& args) {
         out += text.size() < 256 ? std::string(buf) : text;
         break;
       }
+      case 'c': {  // chr(int) or a one-character string
+        if (v.is_string() && utf8::count_code_points(v.str()) == 1) {
+          out += v.str();
+        } else if ((v.is_int() || v.is_bool()) && v.as_int() >= 0 && v.as_int() <= 0x10FFFF) {
+          utf8::append(out, static_cast<char32_t>(v.as_int()));
+        } else {
+          throw TemplateError("%c requires an int in range(0x110000) or a single character");
+        }
+        break;
+      }
       case 'd':
       case 'i':
       case 'x':
       case 'X':
       case 'o':
-      case 'c':
         if (!v.is_number()) {
           throw TemplateError(str_cat("%", std::string(1, conversion),
                                       " format: a real number is required, not ", v.type_name()));
         }
         std::snprintf(buf, sizeof(buf),
                       (spec + "ll" + (conversion == 'i' ? 'd' : conversion)).c_str(),
-                      static_cast<long long>(v.is_float() ? static_cast<long long>(v.as_double())
+                      static_cast<long long>(v.is_float() ? float_to_int(v.as_double()).as_int()
                                                           : v.as_int()));
         out += buf;
         break;
@@ -555,6 +610,7 @@ std::string percent_format(const std::string& format, const Value& args) {
         throw TemplateError(
             str_cat("unsupported format character '", std::string(1, conversion), "'"));
     }
+    check_text_size(out.size());
   }
   if (next < values.size() && args.is_tuple()) {
     throw TemplateError("not all arguments converted during string formatting");
@@ -662,6 +718,34 @@ Value slice(const Value& object, const Value& start, const Value& stop, const Va
   return object.is_list() ? Value(std::move(items), object.is_tuple()) : Value(std::move(text));
 }
 
+namespace {
+
+// Python ints are unbounded; template ints are 64-bit, and leaving that range is an error.
+int64_t checked(char op, int64_t a, int64_t b) {
+  int64_t r = 0;
+  const bool overflow = op == '+'   ? __builtin_add_overflow(a, b, &r)
+                        : op == '-' ? __builtin_sub_overflow(a, b, &r)
+                                    : __builtin_mul_overflow(a, b, &r);
+  if (overflow) throw TemplateError(str_cat("integer overflow in '", op, "'"));
+  return r;
+}
+
+int64_t int_power(int64_t base, int64_t exponent) {
+  int64_t result = 1;
+  while (exponent > 0) {  // by squaring: at most 63 steps
+    if (exponent & 1) result = checked('*', result, base);
+    exponent >>= 1;
+    if (exponent > 0) base = checked('*', base, base);
+  }
+  return result;
+}
+
+}  // namespace
+
+int64_t negate_int(int64_t v) {
+  return checked('-', 0, v);
+}
+
 Value arithmetic(const std::string& op, const Value& left, const Value& right) {
   if (left.is_undefined()) fail_undefined(left);
   if (right.is_undefined()) fail_undefined(right);
@@ -670,7 +754,7 @@ Value arithmetic(const std::string& op, const Value& left, const Value& right) {
   if (op == "+") {
     if (numbers)
       return floats ? Value(left.as_double() + right.as_double())
-                    : Value(left.as_int() + right.as_int());
+                    : Value(checked('+', left.as_int(), right.as_int()));
     if (left.is_string() && right.is_string()) return Value(left.str() + right.str());
     if (left.is_list() && right.is_list() && left.is_tuple() == right.is_tuple()) {
       ValueList out = left.list();
@@ -683,11 +767,11 @@ Value arithmetic(const std::string& op, const Value& left, const Value& right) {
     }
   } else if (op == "-" && numbers) {
     return floats ? Value(left.as_double() - right.as_double())
-                  : Value(left.as_int() - right.as_int());
+                  : Value(checked('-', left.as_int(), right.as_int()));
   } else if (op == "*") {
     if (numbers)
       return floats ? Value(left.as_double() * right.as_double())
-                    : Value(left.as_int() * right.as_int());
+                    : Value(checked('*', left.as_int(), right.as_int()));
     if ((left.is_string() || left.is_list()) && (right.is_int() || right.is_bool()))
       return repeat(left, right.as_int());
     if ((right.is_string() || right.is_list()) && (left.is_int() || left.is_bool()))
@@ -700,11 +784,7 @@ Value arithmetic(const std::string& op, const Value& left, const Value& right) {
   } else if ((op == "//" || op == "%") && numbers) {
     return floor_div_or_mod(left, right, op == "%");
   } else if (op == "**" && numbers) {
-    if (!floats && right.as_int() >= 0) {
-      int64_t result = 1;
-      for (int64_t i = 0; i < right.as_int(); ++i) result *= left.as_int();
-      return Value(result);
-    }
+    if (!floats && right.as_int() >= 0) return Value(int_power(left.as_int(), right.as_int()));
     return Value(std::pow(left.as_double(), right.as_double()));
   }
   throw TemplateError(str_cat("unsupported operand type(s) for ", op, ": '", left.type_name(),
@@ -733,6 +813,10 @@ bool contains(const Value& container, const Value& item) {
 }
 
 ValueList iterate(const Value& value) {
+  charge_work(value.is_list()     ? static_cast<int64_t>(value.list().size())
+              : value.is_dict()   ? static_cast<int64_t>(value.dict().entries.size())
+              : value.is_string() ? static_cast<int64_t>(value.str().size())
+                                  : 0);
   switch (value.type()) {
     case Value::Type::kUndefined:
       return {};
@@ -744,6 +828,7 @@ ValueList iterate(const Value& value) {
       return keys;
     }
     case Value::Type::kString: {
+      check_list_size(utf8::count_code_points(value.str()));
       ValueList chars;
       for (const char32_t c : code_points(value.str())) {
         std::string s;
@@ -767,8 +852,13 @@ Value apply_filter(const std::string& name, const Value& input, const ValueList&
   if (name == "tojson") {
     Args a(what, args, kwargs, {"indent", "ensure_ascii", "separators", "sort_keys"});
     std::optional<int> indent_width;
-    if (a.has(0) && !a.get(0).is_none())
-      indent_width = static_cast<int>(need_int(a.get(0), "indent"));
+    if (a.has(0) && !a.get(0).is_none()) {
+      const int64_t width = need_int(a.get(0), "indent");
+      if (width < 0 || width > 64) {
+        throw TemplateError(str_cat("tojson indent ", width, " is out of range (0..64)"));
+      }
+      indent_width = static_cast<int>(width);
+    }
     std::string item_separator = indent_width ? "," : ", ", key_separator = ": ";
     if (a.has(2) && !a.get(2).is_none()) {
       const Value seps = a.get(2);
@@ -804,6 +894,7 @@ Value apply_filter(const std::string& name, const Value& input, const ValueList&
     for (const Value& item : iterate(input)) {
       const Value v = a.has(1) ? attribute_path(item, a.get(1).to_string()) : item;
       out.append(first ? "" : separator).append(v.to_string());
+      check_text_size(out.size());
       first = false;
     }
     return Value(out);
@@ -887,7 +978,7 @@ Value apply_filter(const std::string& name, const Value& input, const ValueList&
   if (name == "abs") {
     if (input.is_float()) return Value(std::fabs(input.as_double()));
     if (input.is_int() || input.is_bool())
-      return Value(static_cast<int64_t>(std::llabs(input.as_int())));
+      return Value(input.as_int() < 0 ? negate_int(input.as_int()) : input.as_int());
     throw TemplateError(str_cat("bad operand type for abs(): '", input.type_name(), "'"));
   }
   if (name == "round") {
@@ -931,6 +1022,7 @@ Value apply_filter(const std::string& name, const Value& input, const ValueList&
     if (name == "unique") {
       ValueList out, seen;
       for (const Value& item : items) {
+        charge_work(static_cast<int64_t>(seen.size()));
         const Value k = key(item);
         if (std::none_of(seen.begin(), seen.end(), [&](const Value& s) { return s.equals(k); })) {
           seen.push_back(k);
@@ -939,6 +1031,7 @@ Value apply_filter(const std::string& name, const Value& input, const ValueList&
       }
       return Value(std::move(out));
     }
+    charge_work(static_cast<int64_t>(items.size()) * 20);  // n log n comparisons
     std::stable_sort(items.begin(), items.end(),
                      [&](const Value& x, const Value& y) { return key(x).less(key(y)); });
     if (name == "min")

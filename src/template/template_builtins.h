@@ -12,8 +12,10 @@ namespace turbokv::jinja {
 Value get_attribute(const Value& object, const std::string& name);  // object.name
 Value get_item(const Value& object, const Value& key);              // object[key]
 Value slice(const Value& object, const Value& start, const Value& stop, const Value& step);
-// + - * / // % ** on Python values.
+// + - * / // % ** on Python values; 64-bit integer overflow is a TemplateError.
 Value arithmetic(const std::string& op, const Value& left, const Value& right);
+// -v, failing for INT64_MIN.
+int64_t negate_int(int64_t v);
 bool contains(const Value& container, const Value& item);  // item in container
 // The values a for loop visits (dict: keys, string: characters, undefined: none).
 ValueList iterate(const Value& value);

@@ -589,7 +589,9 @@ class Parser {
     const DepthGuard guard(*this);
     const Location at = where();
     ExprPtr expr = parse_or();
+    ChainDepth chain(*this);
     while (is_name("if")) {
+      chain.link();
       advance();
       auto cond = make(Expr::Kind::kCondition, at);
       cond->items.push_back(std::move(expr));
@@ -616,7 +618,9 @@ class Parser {
   ExprPtr parse_or() {
     const Location at = where();
     ExprPtr left = parse_and();
+    ChainDepth chain(*this);
     while (is_name("or")) {
+      chain.link();
       advance();
       left = binary("or", std::move(left), parse_and(), at);
     }
@@ -626,7 +630,9 @@ class Parser {
   ExprPtr parse_and() {
     const Location at = where();
     ExprPtr left = parse_not();
+    ChainDepth chain(*this);
     while (is_name("and")) {
+      chain.link();
       advance();
       left = binary("and", std::move(left), parse_not(), at);
     }
@@ -678,7 +684,9 @@ class Parser {
   ExprPtr parse_math1() {
     const Location at = where();
     ExprPtr left = parse_concat();
+    ChainDepth chain(*this);
     while (is_op("+") || is_op("-")) {
+      chain.link();
       const std::string op = advance().value;
       left = binary(op, std::move(left), parse_concat(), at);
     }
@@ -688,7 +696,9 @@ class Parser {
   ExprPtr parse_concat() {
     const Location at = where();
     ExprPtr left = parse_math2();
+    ChainDepth chain(*this);
     while (is_op("~")) {
+      chain.link();
       advance();
       left = binary("~", std::move(left), parse_math2(), at);
     }
@@ -698,7 +708,9 @@ class Parser {
   ExprPtr parse_math2() {
     const Location at = where();
     ExprPtr left = parse_pow();
+    ChainDepth chain(*this);
     while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
+      chain.link();
       const std::string op = advance().value;
       left = binary(op, std::move(left), parse_pow(), at);
     }
@@ -708,7 +720,9 @@ class Parser {
   ExprPtr parse_pow() {
     const Location at = where();
     ExprPtr left = parse_unary(true);
+    ChainDepth chain(*this);
     while (is_op("**")) {
+      chain.link();
       advance();
       left = binary("**", std::move(left), parse_unary(true), at);
     }
@@ -815,7 +829,9 @@ class Parser {
   }
 
   ExprPtr parse_postfix(ExprPtr node) {
+    ChainDepth chain(*this);
     while (true) {
+      chain.link();
       const Location at = where();
       if (is_op(".")) {
         advance();
@@ -891,7 +907,9 @@ class Parser {
   // `| name(args) | name ...`; input may be null (filter blocks, block set).
   ExprPtr parse_filter_chain(ExprPtr input, bool leading_pipe = true) {
     bool need_pipe = leading_pipe;
+    ChainDepth chain(*this);
     do {
+      chain.link();
       if (need_pipe) expect_op("|");
       need_pipe = true;
       const Location at = where();
@@ -909,7 +927,9 @@ class Parser {
   }
 
   ExprPtr parse_filter_expr(ExprPtr node) {
+    ChainDepth chain(*this);
     while (true) {
+      chain.link();
       if (is_op("|")) {
         node = parse_filter_chain(std::move(node));
       } else if (is_name("is")) {
@@ -956,6 +976,18 @@ class Parser {
    private:
     static constexpr int kMaxDepth = 200;
     Parser& parser_;
+  };
+
+  // Loops that build left-deep trees (a + b + c, x.a.b, x | f | g) add one level per link: the
+  // tree, and the evaluator's recursion over it, stay within the same bound.
+  class ChainDepth {
+   public:
+    explicit ChainDepth(Parser& parser) : parser_(parser) {}
+    void link() { guards_.emplace_back(std::make_unique<DepthGuard>(parser_)); }
+
+   private:
+    Parser& parser_;
+    std::vector<std::unique_ptr<DepthGuard>> guards_;
   };
 
   std::vector<Token> tokens_;

@@ -9,6 +9,95 @@
 
 namespace turbokv::jinja {
 
+namespace {
+
+thread_local int64_t t_work_left = 0;
+thread_local bool t_budget_active = false;
+thread_local int t_recursion = 0;  // nesting of the recursive walks below
+
+// Bounds the recursion of printing, JSON and comparison: cycles through namespaces and deep
+// nesting end in a TemplateError, not a stack overflow.
+class RecursionGuard {
+ public:
+  RecursionGuard() {
+    if (++t_recursion > kMaxValueDepth) {
+      --t_recursion;
+      throw TemplateError(
+          str_cat("a value nests deeper than ", kMaxValueDepth, " levels (or contains itself)"));
+    }
+  }
+  ~RecursionGuard() { --t_recursion; }
+  RecursionGuard(const RecursionGuard&) = delete;
+  RecursionGuard& operator=(const RecursionGuard&) = delete;
+};
+
+}  // namespace
+
+void check_text_size(size_t bytes) {
+  if (bytes > kMaxTextBytes) {
+    throw TemplateError(str_cat("the template built a string of ", bytes,
+                                " bytes, more than the limit of ", kMaxTextBytes));
+  }
+}
+
+void check_list_size(size_t items) {
+  if (items > kMaxListItems) {
+    throw TemplateError(str_cat("the template built a list of ", items,
+                                " items, more than the limit of ", kMaxListItems));
+  }
+}
+
+void charge_work(int64_t units) {
+  if (!t_budget_active) return;
+  t_work_left -= units;
+  if (t_work_left < 0) {
+    t_work_left = 0;
+    throw TemplateError(str_cat("the template ran longer than its budget of ", kMaxRenderWork,
+                                " steps (loop iterations, expressions, bytes built)"));
+  }
+}
+
+RenderBudget::RenderBudget() : saved_(t_work_left), saved_active_(t_budget_active) {
+  t_work_left = kMaxRenderWork;
+  t_budget_active = true;
+}
+
+RenderBudget::~RenderBudget() {
+  t_work_left = saved_;
+  t_budget_active = saved_active_;
+}
+
+Value::Value(std::string s) : type_(Type::kString) {
+  check_text_size(s.size());
+  charge_work(1 + static_cast<int64_t>(s.size() / 16));
+  text_ = std::make_shared<const std::string>(std::move(s));
+}
+
+const std::string& Value::empty_text() {
+  static const std::string empty;
+  return empty;
+}
+
+Value::Value(ValueList list, bool is_tuple) : type_(Type::kList), tuple_(is_tuple) {
+  check_list_size(list.size());
+  charge_work(1 + 4 * static_cast<int64_t>(list.size()));
+  for (const Value& item : list) depth_ = std::max(depth_, item.depth_);
+  if (++depth_ > kMaxValueDepth) {
+    throw TemplateError(str_cat("lists and dicts nest deeper than ", kMaxValueDepth, " levels"));
+  }
+  list_ = std::make_shared<ValueList>(std::move(list));
+}
+
+Value::Value(std::shared_ptr<ValueDict> dict) : type_(Type::kDict), dict_(std::move(dict)) {
+  check_list_size(dict_->entries.size());
+  if (!dict_->is_namespace) {
+    for (const auto& entry : dict_->entries) depth_ = std::max(depth_, entry.second.depth_);
+  }
+  if (++depth_ > kMaxValueDepth) {
+    throw TemplateError(str_cat("lists and dicts nest deeper than ", kMaxValueDepth, " levels"));
+  }
+}
+
 const Value* ValueDict::find(std::string_view key) const {
   for (const auto& [k, v] : entries) {
     if (k == key) return &v;
@@ -23,6 +112,7 @@ void ValueDict::set(const std::string& key, Value value) {
       return;
     }
   }
+  check_list_size(entries.size() + 1);
   entries.emplace_back(key, std::move(value));
 }
 
@@ -68,7 +158,7 @@ bool Value::truthy() const {
     case Type::kFloat:
       return float_ != 0.0;
     case Type::kString:
-      return !text_.empty();
+      return !str().empty();
     case Type::kList:
       return !list_->empty();
     case Type::kDict:
@@ -176,31 +266,36 @@ std::string Value::to_string() const {
     case Type::kFloat:
       return python_float_repr(float_);
     case Type::kString:
-      return text_;
+      return str();
     case Type::kList: {
+      const RecursionGuard guard;
       std::string out = tuple_ ? "(" : "[";
-      for (size_t i = 0; i < list_->size(); ++i)
+      for (size_t i = 0; i < list_->size(); ++i) {
         out.append(i ? ", " : "").append((*list_)[i].repr());
+        check_text_size(out.size());
+      }
       if (tuple_ && list_->size() == 1) out += ",";
       return out + (tuple_ ? ")" : "]");
     }
     case Type::kDict: {
+      const RecursionGuard guard;
       std::string out = dict_->is_namespace ? "<Namespace {" : "{";
       bool first = true;
       for (const auto& [k, v] : dict_->entries) {
         out.append(first ? "" : ", ").append(python_string_repr(k)).append(": ").append(v.repr());
+        check_text_size(out.size());
         first = false;
       }
       return out + (dict_->is_namespace ? "}>" : "}");
     }
     case Type::kFunction:
-      return "<function " + text_ + ">";
+      return "<function " + str() + ">";
   }
   return "";
 }
 
 std::string Value::repr() const {
-  if (is_string()) return python_string_repr(text_);
+  if (is_string()) return python_string_repr(str());
   if (is_undefined()) return "Undefined";
   return to_string();
 }
@@ -258,6 +353,8 @@ std::string Value::to_json(std::optional<int> indent, const std::string& item_se
 void Value::write_json(std::string& out, std::optional<int> indent, int depth,
                        const std::string& item_separator, const std::string& key_separator,
                        bool sort_keys) const {
+  const RecursionGuard guard;
+  check_text_size(out.size());
   auto newline = [&](int level) {
     if (indent) out.append("\n").append(static_cast<size_t>(*indent * level), ' ');
   };
@@ -281,7 +378,7 @@ void Value::write_json(std::string& out, std::optional<int> indent, int depth,
       }
       return;
     case Type::kString:
-      write_json_string(out, text_);
+      write_json_string(out, str());
       return;
     case Type::kList: {
       if (list_->empty()) {
@@ -329,6 +426,7 @@ void Value::write_json(std::string& out, std::optional<int> indent, int depth,
 }
 
 bool Value::equals(const Value& other) const {
+  const RecursionGuard guard;
   if (is_number() && other.is_number()) {
     if (is_float() || other.is_float()) return as_double() == other.as_double();
     return int_ == other.int_;
@@ -339,7 +437,7 @@ bool Value::equals(const Value& other) const {
     case Type::kNone:
       return true;
     case Type::kString:
-      return text_ == other.text_;
+      return str() == other.str();
     case Type::kList: {
       if (list_->size() != other.list_->size()) return false;
       for (size_t i = 0; i < list_->size(); ++i) {
@@ -364,11 +462,12 @@ bool Value::equals(const Value& other) const {
 }
 
 bool Value::less(const Value& other) const {
+  const RecursionGuard guard;
   if (is_number() && other.is_number()) {
     if (is_float() || other.is_float()) return as_double() < other.as_double();
     return int_ < other.int_;
   }
-  if (is_string() && other.is_string()) return text_ < other.text_;  // UTF-8 order = code points
+  if (is_string() && other.is_string()) return str() < other.str();  // UTF-8 order = code points
   if (is_list() && other.is_list()) {
     const size_t n = std::min(list_->size(), other.list_->size());
     for (size_t i = 0; i < n; ++i) {

@@ -14,12 +14,46 @@
 
 namespace turbokv::jinja {
 
+// Bounds of one render, so that no template (they come from model files) can exhaust memory,
+// the stack or the CPU. Exceeding one is a TemplateError naming it.
+inline constexpr size_t kMaxTextBytes = size_t(16) << 20;  // the output and any one string
+inline constexpr size_t kMaxListItems = size_t(1) << 20;   // any one list or dict
+inline constexpr int kMaxValueDepth = 512;                 // lists/dicts inside lists/dicts
+// Work units of a render: one per expression evaluated, loop iteration, macro call and item
+// visited, four per list item and one per 16 bytes of every string built (a second of CPU and a
+// few hundred MB at most).
+inline constexpr int64_t kMaxRenderWork = 10'000'000;
+
+// Throws TemplateError when a string of `bytes` (or a list of `items`) would pass the bounds.
+void check_text_size(size_t bytes);
+void check_list_size(size_t items);
+// Counts work against the current render's budget (no-op outside a render); throws
+// TemplateError once kMaxRenderWork is used up.
+void charge_work(int64_t units);
+
+// The work budget of the renders on this thread while it lives (renders may nest: a
+// caller's budget is restored afterwards).
+class RenderBudget {
+ public:
+  RenderBudget();
+  ~RenderBudget();
+  RenderBudget(const RenderBudget&) = delete;
+  RenderBudget& operator=(const RenderBudget&) = delete;
+
+ private:
+  int64_t saved_;
+  bool saved_active_;
+};
+
 class Value;
 using ValueList = std::vector<Value>;
 using KwArgs = std::vector<std::pair<std::string, Value>>;
 using Function = std::function<Value(const ValueList& args, const KwArgs& kwargs)>;
 
 // An insertion-ordered string-keyed dict (Python dict order).
+// Only namespaces change after they are built (set() from `set ns.x = ...`); the renderer
+// keeps every namespace it creates and empties them when the render ends, which ends any
+// cycle and keeps destruction shallow.
 struct ValueDict {
   std::vector<std::pair<std::string, Value>> entries;
   bool is_namespace = false;  // namespace(): attributes can be assigned with `set ns.x = ...`
@@ -34,7 +68,7 @@ class Value {
   Value() = default;  // undefined
   static Value undefined(std::string message) {
     Value v;
-    v.text_ = std::move(message);
+    v.text_ = std::make_shared<const std::string>(std::move(message));
     return v;
   }
   static Value none() { return Value(Type::kNone); }
@@ -42,14 +76,14 @@ class Value {
   Value(int64_t i) : type_(Type::kInt), int_(i) {}
   Value(int i) : type_(Type::kInt), int_(i) {}
   Value(double f) : type_(Type::kFloat), float_(f) {}
-  Value(std::string s) : type_(Type::kString), text_(std::move(s)) {}
-  Value(const char* s) : type_(Type::kString), text_(s) {}
-  Value(ValueList list, bool is_tuple = false)
-      : type_(Type::kList), list_(std::make_shared<ValueList>(std::move(list))), tuple_(is_tuple) {}
-  Value(std::shared_ptr<ValueDict> dict) : type_(Type::kDict), dict_(std::move(dict)) {}
+  Value(std::string s);  // charged to the render's budget (by length), as lists are
+  Value(const char* s) : Value(std::string(s)) {}
+  // Throw TemplateError past kMaxListItems items or kMaxValueDepth levels.
+  Value(ValueList list, bool is_tuple = false);
+  Value(std::shared_ptr<ValueDict> dict);
   Value(Function fn, std::string name)
       : type_(Type::kFunction),
-        text_(std::move(name)),
+        text_(std::make_shared<const std::string>(std::move(name))),
         fn_(std::make_shared<Function>(std::move(fn))) {}
 
   template <typename Json>
@@ -71,10 +105,14 @@ class Value {
   bool as_bool() const { return int_ != 0; }
   int64_t as_int() const { return int_; }  // int or bool
   double as_double() const { return is_float() ? float_ : static_cast<double>(int_); }
-  const std::string& str() const { return text_; }  // a string's text, an undefined's message
+  // A string's text, an undefined's message.
+  const std::string& str() const { return text_ ? *text_ : empty_text(); }
   const ValueList& list() const { return *list_; }
   ValueDict& dict() const { return *dict_; }
   const Function& function() const { return *fn_; }
+  // Levels of lists/dicts in this value (0 for a scalar, 1 for a namespace: its entries are
+  // held by the renderer too).
+  int depth() const { return depth_; }
 
   bool truthy() const;
   // Python type name for messages: str, int, float, bool, NoneType, list, tuple, dict, ...
@@ -100,11 +138,15 @@ class Value {
   Type type_ = Type::kUndefined;
   int64_t int_ = 0;
   double float_ = 0;
-  std::string text_;
+  static const std::string& empty_text();
+
+  // Shared, never modified: copying a Value (into a list, a scope) never copies its text.
+  std::shared_ptr<const std::string> text_;
   std::shared_ptr<ValueList> list_;
   std::shared_ptr<ValueDict> dict_;
   std::shared_ptr<Function> fn_;
   bool tuple_ = false;
+  int depth_ = 0;
 };
 
 std::string python_float_repr(double v);

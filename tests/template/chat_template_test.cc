@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "template/template_value.h"
 
 namespace turbokv {
 namespace {
@@ -157,6 +158,84 @@ TEST(ChatTemplate, RuntimeErrorsUsePythonMessages) {
             "macro 'f' recursed deeper than 100 calls");
 }
 
+// The message of the TemplateError that rendering source must throw.
+std::string render_error(const std::string& source, const ojson& vars = ojson::object()) {
+  try {
+    render(source, vars);
+  } catch (const TemplateError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(ChatTemplateBounds, OutputAndStringsAreBounded) {
+  const std::string limit = std::to_string(jinja::kMaxTextBytes);
+  for (const char* source : {
+           "{{ 'x' * 100000000000 }}",               // one multiplication
+           "{{ 'x' * 10000000 ~ 'y' * 10000000 }}",  // concatenation past the limit
+           "{% for i in range(100) %}{{ 'x' * 1000000 }}{% endfor %}",  // output grows
+           "{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
+           "{% endfor %}",  // doubling
+           "{{ ('x' * 100000) | replace('x', 'x' * 1000) }}",
+           "{{ ('x' * 10000) | indent(100000000000) }}",
+           "{{ [('x' * 1000000)] * 100000 }}",  // printing a list
+           "{{ (['x'] * 1000) | join('y' * 100000) }}",
+       }) {
+    const std::string e = render_error(source);
+    EXPECT_NE(e.find("more than the limit of " + limit), std::string::npos) << source << ": " << e;
+  }
+  EXPECT_NE(render_error("{{ [1] * 100000000000 }}").find("limit"), std::string::npos);
+  EXPECT_NE(render_error("{{ '%999999999d' % 1 }}").find("too large"), std::string::npos);
+  EXPECT_NE(render_error("{{ x | tojson(indent=1000000000) }}", {{"x", {1}}}).find("indent"),
+            std::string::npos);
+  // Within the bounds nothing changes.
+  EXPECT_EQ(render("{{ ('ab' * 3) | replace('b', 'c') }}|{{ '%5d' % 42 }}"), "acacac|   42");
+}
+
+TEST(ChatTemplateBounds, IterationsAreBounded) {
+  for (const char* source : {
+           "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+           "{% for i in range(1000000) %}{{ i }}{% endfor %}{% for i in range(1000000) %}"
+           "{% for j in range(1000) %}{% endfor %}{% endfor %}",
+           // Exponential macro recursion within the depth limit.
+           "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}"
+           "{{ f(60) }}",
+           "{{ range(1000000) | list | unique | length }}",
+       }) {
+    const std::string e = render_error(source);
+    EXPECT_NE(e.find("ran longer than its budget"), std::string::npos) << source << ": " << e;
+  }
+}
+
+TEST(ChatTemplateBounds, NestingCyclesAndIntegersAreErrors) {
+  EXPECT_NE(render_error("{% set ns = namespace(x=[]) %}{% for i in range(100000) %}"
+                         "{% set ns.x = [ns.x] %}{% endfor %}")
+                .find("nest deeper than"),
+            std::string::npos);
+  // Namespaces holding themselves or each other: printing, tojson and == end in an error.
+  const std::string cycle =
+      "{% set ns = namespace() %}{% set ns.me = ns %}{% set a = namespace() %}"
+      "{% set b = namespace(me=a) %}{% set a.me = b %}";
+  for (const char* use : {"{{ ns }}", "{{ ns | tojson }}", "{{ a == b }}"}) {
+    EXPECT_NE(render_error(cycle + use).find("contains itself"), std::string::npos) << use;
+  }
+  // A macro that escapes the loop that defined it.
+  EXPECT_NE(render_error("{% set ns = namespace() %}{% for i in [1] %}{% macro m() %}x"
+                         "{% endmacro %}{% set ns.m = m %}{% endfor %}{{ ns.m() }}")
+                .find("after the block that defined it"),
+            std::string::npos);
+  for (const char* source :
+       {"{{ 9223372036854775807 + 1 }}", "{{ -9223372036854775807 - 2 }}", "{{ 2 ** 64 }}",
+        "{{ 3037000500 * 3037000500 }}", "{{ (-9223372036854775807 - 1) // -1 }}",
+        "{{ -(-9223372036854775807 - 1) }}", "{{ 1e300 | int }}"}) {
+    EXPECT_NE(render_error(source).find("integer"), std::string::npos) << source;
+  }
+  EXPECT_EQ(render("{{ 2 ** 62 }}|{{ (-9223372036854775807 - 1) % -1 }}|{{ '%c' % 233 }}"),
+            "4611686018427387904|0|\xC3\xA9");
+  EXPECT_EQ(render("{{ range(9223372036854775800, 9223372036854775807, 5) | list }}"),
+            "[9223372036854775800, 9223372036854775805]");
+}
+
 TEST(ChatTemplate, SyntaxErrorsNameLineAndColumn) {
   auto error_of = [](const std::string& source) {
     try {
@@ -179,6 +258,13 @@ TEST(ChatTemplate, SyntaxErrorsNameLineAndColumn) {
   std::string deep_ifs;
   for (int i = 0; i < 1000; ++i) deep_ifs += "{% if x %}";
   EXPECT_NE(error_of(deep_ifs).find("nesting is deeper than 200"), std::string::npos);
+  // Operator, attribute and filter chains build left-deep trees: bounded the same way.
+  for (const char* link : {" + 1", " ~ 1", ".a", "[0]", " | f", " and 1", "()"}) {
+    std::string chain = "{{ x";
+    for (int i = 0; i < 100000; ++i) chain += link;
+    EXPECT_NE(error_of(chain + " }}").find("nesting is deeper than 200"), std::string::npos)
+        << link;
+  }
   EXPECT_EQ(error_of("{% for x y %}{% endfor %}"),
             "template syntax error at 1:10: expected 'in' in for loop, got 'y'");
 }
