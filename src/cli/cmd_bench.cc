@@ -175,8 +175,10 @@ int bench_main(int argc, char** argv) {
       app.add_subcommand("attention", "decode attention: dense f16 vs TurboQuant 3.5 vs uniform 4");
   attention_cmd->add_option("--device", attention.device, "cpu (cuda: not in this build)");
   attention_cmd->add_option("--contexts", attention.contexts, "comma-separated context lengths");
-  attention_cmd->add_option("--threads", attention.threads, "worker threads");
-  attention_cmd->add_option("--repeats", attention.repeats, "timed runs per kernel (median)");
+  attention_cmd->add_option("--threads", attention.threads, "worker threads")
+      ->check(integer_in(0, 1024));
+  attention_cmd->add_option("--repeats", attention.repeats, "timed runs per kernel (median)")
+      ->check(integer_in(0, 1 << 20));
   attention_cmd->add_flag("--json", attention.json, "print one JSON object");
   E2EBenchFlags e2e;
   CLI::App* e2e_cmd = add_e2e_bench(app, e2e);

@@ -189,10 +189,18 @@ CLI::App* add_e2e_bench(CLI::App& bench, E2EBenchFlags& flags) {
   CLI::App* cmd = bench.add_subcommand(
       "e2e", "whole-model prefill and decode tokens/s: dense KV vs a quantized KV cache");
   cmd->add_option("--model", flags.model_dir, "model directory (default: the shipped model)");
-  cmd->add_option("--prompt-tokens", flags.prompt_tokens, "prompt length")->capture_default_str();
-  cmd->add_option("--gen-tokens", flags.gen_tokens, "decoded tokens")->capture_default_str();
-  cmd->add_option("--threads", flags.threads, "worker threads")->capture_default_str();
-  cmd->add_option("--repeats", flags.repeats, "runs per side (medians)")->capture_default_str();
+  cmd->add_option("--prompt-tokens", flags.prompt_tokens, "prompt length")
+      ->capture_default_str()
+      ->check(integer_in(1, INT32_MAX));
+  cmd->add_option("--gen-tokens", flags.gen_tokens, "decoded tokens")
+      ->capture_default_str()
+      ->check(integer_in(1, INT32_MAX));
+  cmd->add_option("--threads", flags.threads, "worker threads")
+      ->capture_default_str()
+      ->check(integer_in(0, 1024));
+  cmd->add_option("--repeats", flags.repeats, "runs per side (medians)")
+      ->capture_default_str()
+      ->check(integer_in(1, 1 << 20));
   cmd->add_flag("--json", flags.json, "print one JSON object");
   cmd->add_option("--compare-model", flags.compare_models,
                   "another checkpoint (directory or .gguf) measured against --model in the same "

@@ -130,10 +130,11 @@ int codec_main(int argc, char** argv) {
   int64_t samples = 10000;
   bool json = false;
   KVFlags kv;
-  app.add_option("--dim", dim, "vector dimension (synthetic mode)");
+  app.add_option("--dim", dim, "vector dimension (synthetic mode)")->check(integer_in(0, 1 << 20));
   app.add_option("--bits", bits, "comma-separated bit widths, e.g. 1,2,3,4 or 3.5");
   app.add_option("--mode", mode, "mse (default) or prod");
-  app.add_option("--samples", samples, "random unit vectors per bit width");
+  app.add_option("--samples", samples, "random unit vectors per bit width")
+      ->check(integer_in(1, int64_t(1) << 40));
   app.add_option("--qkv-dump", qkv_dump,
                  "safetensors with layer{i}.q/.k/.v [heads, tokens, dim]: attention fidelity");
   app.add_flag("--json", json, "print one JSON object");

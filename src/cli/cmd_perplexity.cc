@@ -30,9 +30,12 @@ int perplexity_main(int argc, char** argv) {
   KVFlags kv;
   app.add_option("--model", model_dir, "model directory (default: the shipped model)");
   app.add_option("--file", file, "text file, tokenized whole")->required();
-  app.add_option("--context", options.context, "tokens per chunk (C)")->capture_default_str();
-  app.add_option("--max-chunks", options.max_chunks, "score only the first N chunks (0: all)");
-  app.add_option("--threads", threads, "worker threads (0: all cores)");
+  app.add_option("--context", options.context, "tokens per chunk (C)")
+      ->capture_default_str()
+      ->check(integer_in(1, INT32_MAX));
+  app.add_option("--max-chunks", options.max_chunks, "score only the first N chunks (0: all)")
+      ->check(integer_in(0, INT64_MAX));
+  app.add_option("--threads", threads, "worker threads (0: all cores)")->check(integer_in(0, 1024));
   app.add_flag("--json", json, "print one JSON object");
   kv.add_to(app);
   if (const int rc = parse(app, argc, argv); rc >= 0) return rc;

@@ -31,28 +31,29 @@ int run_server(int argc, char** argv) {
   EngineOptions engine_options;
   engine_flags.add_to(app);
   app.add_option("--host", options.host, "address to listen on");
-  app.add_option("--port", options.port, "port (0: pick a free one)");
+  app.add_option("--port", options.port, "port (0: pick a free one)")->check(integer_in(0, 65535));
   app.add_option("--api-key", options.api_key, "require 'Authorization: Bearer KEY'");
   app.add_option("--model-id", options.model_id, "model name reported by /v1/models");
   app.add_option("--max-sequences", engine_options.max_sequences,
-                 "sequences decoded together (more requests wait)");
+                 "sequences decoded together (more requests wait)")
+      ->check(integer_in(1, 4096));
   app.add_option("--max-waiting", engine_options.max_waiting,
-                 "queued requests beyond which new ones get 429");
+                 "queued requests beyond which new ones get 429")
+      ->check(integer_in(0, 1 << 20));
   app.add_option("--max-tokens-limit", options.max_tokens,
-                 "largest max_tokens a request may ask for (also the default)");
-  app.add_option("--max-body-bytes", options.max_body_bytes, "larger request bodies get 413");
-  app.add_option("--http-threads", options.http_threads, "connections served at once");
+                 "largest max_tokens a request may ask for (also the default)")
+      ->check(integer_in(1, INT32_MAX));
+  app.add_option("--max-body-bytes", options.max_body_bytes, "larger request bodies get 413")
+      ->check(integer_in(1, int64_t(1) << 40));
+  app.add_option("--http-threads", options.http_threads, "connections served at once")
+      ->check(integer_in(1, 4096));
   app.add_option("--slots", options.slots,
-                 "sessions requests can pick with id_slot (default: --max-sequences)");
+                 "sessions requests can pick with id_slot (default: --max-sequences)")
+      ->check(integer_in(0, 1024));
   app.add_option("--slot-save-path", options.slot_save_path,
                  "directory of the slot files of POST /v1/slots/{id}?action=save|restore "
                  "(default: save/restore off)");
   if (int rc = parse(app, argc, argv); rc >= 0) return rc;
-  if (options.max_tokens < 1) throw InvalidArgument("--max-tokens-limit must be >= 1");
-  if (options.http_threads < 1) throw InvalidArgument("--http-threads must be >= 1");
-  if (options.slots < 0 || options.slots > 1024) {
-    throw InvalidArgument(str_cat("--slots ", options.slots, " is not in 0..1024"));
-  }
   if (!options.slot_save_path.empty()) {
     std::error_code error;
     std::filesystem::create_directories(options.slot_save_path, error);

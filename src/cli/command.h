@@ -4,6 +4,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <string>
 
 #include "turbokv/kv_options.h"
@@ -22,6 +23,11 @@ struct CommandRegistrar {
 // Parses argv with app. Returns -1 when the command should go on, else the exit code to
 // return (0 after --help, 2 for a usage error, with the message on stderr).
 int parse(CLI::App& app, int argc, char** argv);
+
+// Validators for integer flags: the value must be a decimal integer in [lo, hi]. CLI11 alone
+// would read "010" as octal, wrap "-5" into a huge unsigned value and saturate past 64 bits.
+CLI::Validator integer_in(int64_t lo, int64_t hi);
+CLI::Validator unsigned_integer();  // [0, 2^64 - 1], e.g. seeds
 
 // The model every command uses when --model is not given (the repo's shipped model).
 std::string default_model_dir();

@@ -32,7 +32,8 @@ struct EngineFlags {
   void add_to(CLI::App& app) {
     app.add_option("--model", model, "model directory (default: the shipped tinycode-llama)");
     app.add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-    app.add_option("--threads", threads, "worker threads (default: all cores)");
+    app.add_option("--threads", threads, "worker threads (default: all cores)")
+        ->check(integer_in(0, 1024));
     app.add_option("--prefix-cache-gb", prefix_cache_gb,
                    "memory of the automatic prefix cache in GiB (0: off; default: a tenth of the "
                    "RAM, at most 8)");
@@ -80,7 +81,7 @@ struct SamplingFlags {
     app.add_option("--top-k", sampling.top_k, "keep the k most likely tokens (0: off)");
     app.add_option("--min-p", sampling.min_p, "drop tokens below min-p times the best (0: off)");
     app.add_option("--repetition-penalty", sampling.repetition_penalty, "1: off");
-    app.add_option("--seed", sampling.seed, "sampling seed");
+    app.add_option("--seed", sampling.seed, "sampling seed")->check(unsigned_integer());
     app.add_option("--stop", stop, "stop string (repeatable)");
   }
 

@@ -1,4 +1,5 @@
 // turbokv: one binary, subcommands registered by the cmd_*.cc files next to this one.
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -50,6 +51,34 @@ int parse(CLI::App& app, int argc, char** argv) {
   return -1;
 }
 
+CLI::Validator integer_in(int64_t lo, int64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        int64_t v = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+        if (ec != std::errc() || ptr != end || v < lo || v > hi) {
+          return str_cat("'", text, "' is not an integer in [", lo, ", ", hi, "]");
+        }
+        return "";
+      },
+      str_cat("INT in [", lo, ", ", hi, "]"));
+}
+
+CLI::Validator unsigned_integer() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        uint64_t v = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+        if (ec != std::errc() || ptr != end) {
+          return str_cat("'", text, "' is not an integer in [0, 18446744073709551615]");
+        }
+        return "";
+      },
+      "UINT64");
+}
+
 std::string default_model_dir() {
   return TURBOKV_DEFAULT_MODEL_DIR;
 }
@@ -60,10 +89,13 @@ void KVFlags::add_to(CLI::App& app) {
   app.add_option("--kv-quant-scheme", kv_quant_scheme, "uniform (default) or turboquant");
   app.add_option("--kv-key-bits", kv_key_bits, "override key bits (TurboQuant)");
   app.add_option("--kv-value-bits", kv_value_bits, "override value bits (TurboQuant)");
-  app.add_option("--kv-group-size", kv_group_size, "uniform scheme group size (32, 64, 128)");
+  app.add_option("--kv-group-size", kv_group_size, "uniform scheme group size (32, 64, 128)")
+      ->check(integer_in(1, INT32_MAX));
   app.add_option("--quantized-kv-start", quantized_kv_start,
-                 "keep a layer's cache dense until it holds this many tokens");
-  app.add_option("--kv-seed", kv_seed, "seed of the TurboQuant rotations");
+                 "keep a layer's cache dense until it holds this many tokens")
+      ->check(integer_in(0, INT64_MAX));
+  app.add_option("--kv-seed", kv_seed, "seed of the TurboQuant rotations")
+      ->check(unsigned_integer());
   app.add_flag("--no-norm-correction", no_norm_correction,
                "TurboQuant: store the plain norm instead of n/||c||");
   app.add_flag("--quantize-last-layer", quantize_last_layer,

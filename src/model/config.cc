@@ -50,9 +50,9 @@ RopeConfig parse_rope(const nlohmann::json& params, const nlohmann::json& top,
   r.partial_rotary_factor =
       get_number(params, "partial_rotary_factor", path)
           .value_or(get_number(top, "partial_rotary_factor", path).value_or(1));
-  const int64_t max_pos = get_int(top, "max_position_embeddings", path).value_or(0);
+  const int64_t max_pos = get_int(top, "max_position_embeddings", path, 0, INT64_MAX).value_or(0);
   r.original_max_position_embeddings =
-      get_int(params, "original_max_position_embeddings", path).value_or(max_pos);
+      get_int(params, "original_max_position_embeddings", path, 0, INT64_MAX).value_or(max_pos);
   std::optional<double> factor = get_number(params, "factor", path);
   if (!factor && r.type == "yarn" && r.original_max_position_embeddings > 0) {
     factor = double(max_pos) / double(r.original_max_position_embeddings);
@@ -108,7 +108,7 @@ void parse_layer_types(const nlohmann::json& j, const std::string& path, ModelCo
     throw FormatError(str_cat(path, ": layer_types must list ", c.num_layers, " layer types, got ",
                               json_excerpt(*types)));
   }
-  const int64_t window = get_int(j, "sliding_window", path).value_or(0);
+  const int64_t window = get_int(j, "sliding_window", path, 0, config_json::kIntMax).value_or(0);
   for (int i = 0; i < c.num_layers; ++i) {
     const nlohmann::json& t = (*types)[size_t(i)];
     if (t == "full_attention") continue;
@@ -131,18 +131,23 @@ void parse_layer_types(const nlohmann::json& j, const std::string& path, ModelCo
 
 std::vector<int32_t> token_ids(const nlohmann::json& j, const char* key, const std::string& path) {
   std::vector<int32_t> ids;
+  if (!j.is_object()) throw FormatError(str_cat(path, ": expected a JSON object"));
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return ids;
-  if (it->is_number_integer()) {
-    ids.push_back(it->get<int32_t>());
-  } else if (it->is_array()) {
-    for (const auto& v : *it) {
-      if (!v.is_number_integer()) {
-        throw FormatError(
-            str_cat(path, ": field '", key, "' must hold integers, got ", json_excerpt(*it)));
-      }
-      ids.push_back(v.get<int32_t>());
+  // A token id is in [0, INT32_MAX]; anything else would wrap when stored.
+  auto id_of = [&](const nlohmann::json& v) {
+    if (!v.is_number_integer() ||
+        (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT32_MAX)) ||
+        (!v.is_number_unsigned() && (v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX))) {
+      throw FormatError(str_cat(path, ": field '", key, "' must hold token ids in [0, ", INT32_MAX,
+                                "], got ", json_excerpt(*it)));
     }
+    return static_cast<int32_t>(v.get<int64_t>());
+  };
+  if (it->is_number_integer()) {
+    ids.push_back(id_of(*it));
+  } else if (it->is_array()) {
+    for (const auto& v : *it) ids.push_back(id_of(v));
   } else {
     throw FormatError(str_cat(path, ": field '", key, "' is ", json_excerpt(*it),
                               ", expected an integer or a list of integers"));
@@ -269,15 +274,15 @@ ModelConfig parse_model_config(const nlohmann::json& top, const std::string& pat
   ModelConfig c;
   c.model_type = *model_type;
   if (text != &top) c.weight_prefix = "model.language_model.";
-  c.vocab_size = int(require_int(j, "vocab_size", path));
-  c.hidden_size = int(require_int(j, "hidden_size", path));
-  c.intermediate_size = int(get_int(j, "intermediate_size", path).value_or(0));
-  c.num_layers = int(require_int(j, "num_hidden_layers", path));
-  c.num_heads = int(require_int(j, "num_attention_heads", path));
-  c.num_kv_heads = int(get_int(j, "num_key_value_heads", path).value_or(c.num_heads));
-  c.head_dim =
-      int(get_int(j, "head_dim", path).value_or(c.num_heads > 0 ? c.hidden_size / c.num_heads : 0));
-  c.max_position_embeddings = get_int(j, "max_position_embeddings", path).value_or(0);
+  using config_json::kIntMax;
+  c.vocab_size = int(require_int(j, "vocab_size", path, 1, kIntMax));
+  c.hidden_size = int(require_int(j, "hidden_size", path, 1, kIntMax));
+  c.intermediate_size = int(get_int(j, "intermediate_size", path, 0, kIntMax).value_or(0));
+  c.num_layers = int(require_int(j, "num_hidden_layers", path, 1, kIntMax));
+  c.num_heads = int(require_int(j, "num_attention_heads", path, 1, kIntMax));
+  c.num_kv_heads = int(get_int(j, "num_key_value_heads", path, 1, kIntMax).value_or(c.num_heads));
+  c.head_dim = int(get_int(j, "head_dim", path, 1, kIntMax).value_or(c.hidden_size / c.num_heads));
+  c.max_position_embeddings = get_int(j, "max_position_embeddings", path, 0, INT64_MAX).value_or(0);
   c.rms_norm_eps = get_number(j, "rms_norm_eps", path).value_or(1e-6);
   c.activation = parse_activation(j, path);
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", path).value_or(false);

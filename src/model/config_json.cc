@@ -20,16 +20,42 @@ const nlohmann::json* field(const nlohmann::json& j, const char* key) {
       str_cat(path, ": field '", key, "' is ", json_excerpt(value), ", expected ", expected));
 }
 
+// Any integer (or integral float) that fits 64 bits.
+std::optional<int64_t> get_int64(const nlohmann::json& j, const char* key, const std::string& path) {
+  const nlohmann::json* v = field(j, key);
+  if (v == nullptr) return std::nullopt;
+  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)) {
+    bad_field(*v, key, path, "an integer within 64 bits");
+  }
+  if (v->is_number_integer()) return v->get<int64_t>();
+  if (v->is_number_float()) {  // 32.0 is 32; 1e300 and 2.5 are not integers
+    const double d = v->get<double>();
+    if (d >= -9.2e18 && d <= 9.2e18 && d == double(int64_t(d))) return int64_t(d);
+  }
+  bad_field(*v, key, path, "an integer");
+}
+
 }  // namespace
 
 std::optional<int64_t> get_int(const nlohmann::json& j, const char* key, const std::string& path) {
-  const nlohmann::json* v = field(j, key);
-  if (v == nullptr) return std::nullopt;
-  if (v->is_number_integer()) return v->get<int64_t>();
-  if (v->is_number_float() && v->get<double>() == double(int64_t(v->get<double>()))) {
-    return int64_t(v->get<double>());
+  return get_int(j, key, path, -kIntMax - 1, kIntMax);
+}
+
+std::optional<int64_t> get_int(const nlohmann::json& j, const char* key, const std::string& path,
+                               int64_t lo, int64_t hi) {
+  const std::optional<int64_t> v = get_int64(j, key, path);
+  if (v && (*v < lo || *v > hi)) {
+    throw FormatError(str_cat(path, ": field '", key, "' is ", *v, ", expected an integer in [", lo,
+                              ", ", hi, "]"));
   }
-  bad_field(*v, key, path, "an integer");
+  return v;
+}
+
+int64_t require_int(const nlohmann::json& j, const char* key, const std::string& path, int64_t lo,
+                    int64_t hi) {
+  const std::optional<int64_t> v = get_int(j, key, path, lo, hi);
+  if (!v) throw FormatError(str_cat(path, ": required field '", key, "' is missing"));
+  return *v;
 }
 
 std::optional<double> get_number(const nlohmann::json& j, const char* key,
@@ -56,9 +82,7 @@ std::optional<std::string> get_string(const nlohmann::json& j, const char* key,
 }
 
 int64_t require_int(const nlohmann::json& j, const char* key, const std::string& path) {
-  std::optional<int64_t> v = get_int(j, key, path);
-  if (!v) throw FormatError(str_cat(path, ": required field '", key, "' is missing"));
-  return *v;
+  return require_int(j, key, path, -kIntMax - 1, kIntMax);
 }
 
 }  // namespace turbokv::config_json

@@ -36,7 +36,7 @@ void configure_gemma_common(const nlohmann::json& j, const std::string& path, Mo
 void set_pattern_sliding_window(const nlohmann::json& j, const std::string& path, int pattern,
                                 ModelConfig& c) {
   if (j.contains("layer_types")) return;
-  const int64_t window = get_int(j, "sliding_window", path).value_or(0);
+  const int64_t window = get_int(j, "sliding_window", path, 0, config_json::kIntMax).value_or(0);
   for (int i = 0; i < c.num_layers && window > 0 && pattern > 0; ++i) {
     if ((i + 1) % pattern != 0) c.sliding_window[size_t(i)] = int(window);
   }
@@ -52,8 +52,9 @@ void configure_gemma2(const nlohmann::json& j, const std::string& path, ModelCon
 void configure_gemma3_text(const nlohmann::json& j, const std::string& path, ModelConfig& c) {
   configure_gemma_common(j, path, c);
   c.qk_norm = true;
-  std::optional<int64_t> pattern = get_int(j, "_sliding_window_pattern", path);
-  if (!pattern) pattern = get_int(j, "sliding_window_pattern", path);
+  std::optional<int64_t> pattern =
+      get_int(j, "_sliding_window_pattern", path, 0, config_json::kIntMax);
+  if (!pattern) pattern = get_int(j, "sliding_window_pattern", path, 0, config_json::kIntMax);
   set_pattern_sliding_window(j, path, int(pattern.value_or(6)), c);
   // transformers 4 style: the local base sits next to rope_theta.
   if (!c.rope_local) {

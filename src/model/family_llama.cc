@@ -14,14 +14,15 @@ using config_json::get_int;
 
 void set_uniform_sliding_window(const nlohmann::json& j, const std::string& path, ModelConfig& c) {
   if (j.contains("layer_types")) return;
-  const int64_t window = get_int(j, "sliding_window", path).value_or(0);
+  const int64_t window = get_int(j, "sliding_window", path, 0, config_json::kIntMax).value_or(0);
   if (window > 0) c.sliding_window.assign(size_t(c.num_layers), int(window));
 }
 
 void set_qwen_sliding_window(const nlohmann::json& j, const std::string& path, ModelConfig& c) {
   if (j.contains("layer_types") || !get_bool(j, "use_sliding_window", path).value_or(false)) return;
-  const int64_t window = get_int(j, "sliding_window", path).value_or(0);
-  const int64_t first = get_int(j, "max_window_layers", path).value_or(c.num_layers);
+  const int64_t window = get_int(j, "sliding_window", path, 0, config_json::kIntMax).value_or(0);
+  const int64_t first =
+      get_int(j, "max_window_layers", path, 0, config_json::kIntMax).value_or(c.num_layers);
   for (int64_t i = first; i < c.num_layers && window > 0; ++i)
     c.sliding_window[size_t(i)] = int(window);
 }

@@ -18,11 +18,13 @@ using config_json::get_int;
 
 void configure_qwen3_moe(const nlohmann::json& j, const std::string& path, ModelConfig& c) {
   configure_qwen3(j, path, c);
-  std::optional<int64_t> experts = get_int(j, "num_experts", path);
-  if (!experts) experts = get_int(j, "num_local_experts", path);
+  std::optional<int64_t> experts = get_int(j, "num_experts", path, 0, config_json::kIntMax);
+  if (!experts) experts = get_int(j, "num_local_experts", path, 0, config_json::kIntMax);
   c.num_experts = int(experts.value_or(0));
-  c.num_experts_per_token = int(get_int(j, "num_experts_per_tok", path).value_or(0));
-  c.moe_intermediate_size = int(get_int(j, "moe_intermediate_size", path).value_or(0));
+  c.num_experts_per_token =
+      int(get_int(j, "num_experts_per_tok", path, 0, config_json::kIntMax).value_or(0));
+  c.moe_intermediate_size =
+      int(get_int(j, "moe_intermediate_size", path, 0, config_json::kIntMax).value_or(0));
   c.norm_topk_prob = get_bool(j, "norm_topk_prob", path).value_or(false);
   if (c.num_experts <= 0) return;
   if (c.num_experts_per_token <= 0 || c.num_experts_per_token > c.num_experts ||
@@ -31,7 +33,8 @@ void configure_qwen3_moe(const nlohmann::json& j, const std::string& path, Model
                               " must be in 1..", c.num_experts, " and moe_intermediate_size ",
                               c.moe_intermediate_size, " > 0"));
   }
-  const int64_t step = std::max<int64_t>(1, get_int(j, "decoder_sparse_step", path).value_or(1));
+  const int64_t step = std::max<int64_t>(
+      1, get_int(j, "decoder_sparse_step", path, 0, config_json::kIntMax).value_or(1));
   std::vector<int64_t> dense_layers;
   if (auto it = j.find("mlp_only_layers"); it != j.end() && it->is_array()) {
     for (const auto& v : *it) {

@@ -116,6 +116,38 @@ TEST(Config, MalformedFieldsNameTheField) {
   EXPECT_THROW(parse_model_config(scaled, "config.json"), FormatError);
 }
 
+TEST(Config, IntegersOutsideTheirFieldsRangeAreFormatErrors) {
+  const nlohmann::json good = nlohmann::json::parse(std::ifstream(fixture("hf-tiny/llama/config.json")));
+  EXPECT_NO_THROW(parse_model_config(good, "config.json"));
+  const std::pair<const char*, nlohmann::json> cases[] = {
+      {"num_hidden_layers", (int64_t(1) << 32) + 6},  // would wrap to 6
+      {"vocab_size", int64_t(1) << 31},
+      {"hidden_size", -64},
+      {"eos_token_id", int64_t(1) << 40},  // would wrap to 0
+      {"eos_token_id", nlohmann::json::array({1, int64_t(1) << 40})},
+      {"bos_token_id", -1},
+      {"max_position_embeddings", 1e300},
+      {"num_attention_heads", 18446744073709551615ull},
+  };
+  for (const auto& [key, value] : cases) {
+    nlohmann::json j = good;
+    j[key] = value;
+    try {
+      parse_model_config(j, "config.json");
+      ADD_FAILURE() << key << "=" << value.dump() << ": no error";
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
+  // sliding_window 2^40 (would wrap to 0) on a sliding layer.
+  nlohmann::json sliding = good;
+  sliding["layer_types"] = {"sliding_attention", "full_attention"};
+  sliding["sliding_window"] = int64_t(1) << 40;
+  EXPECT_THROW(parse_model_config(sliding, "config.json"), FormatError);
+  sliding["sliding_window"] = 8;
+  EXPECT_EQ(parse_model_config(sliding, "config.json").sliding_window, (std::vector<int>{8, 0}));
+}
+
 // A copy of the hf-tiny llama config in a temp dir, with one field replaced by raw JSON text.
 class EditedConfig : public ::testing::Test {
  protected:

@@ -108,3 +108,22 @@ def test_deeply_nested_config_fields_are_a_format_error(tmp_path, file, key):
     r = turbokv("generate", "--model", str(model), "--prompt", "x", "--max-tokens", "2")
     assert r.returncode == 1, (r.returncode, r.stderr)
     assert file in r.stderr and "deeper than" in r.stderr
+
+
+@pytest.mark.parametrize("command, flags, named", [
+    ("server", ["--port", "99999"], "--port"),
+    ("server", ["--port", "-1"], "--port"),
+    ("server", ["--max-body-bytes", "-5"], "--max-body-bytes"),
+    ("server", ["--http-threads", "0"], "--http-threads"),
+    ("server", ["--max-sequences", "99999999999"], "--max-sequences"),
+    ("generate", ["--threads", "-1"], "--threads"),
+    ("generate", ["--seed", "-1"], "--seed"),
+    ("generate", ["--kv-seed", "-3"], "--kv-seed"),
+    ("generate", ["--quantized-kv-start", "99999999999999999999"], "--quantized-kv-start"),
+    ("generate", ["--kv-group-size", "1099511627776"], "--kv-group-size"),
+])
+def test_integer_flags_out_of_range_exit_2_naming_the_flag(command, flags, named):
+    args = [command, *flags] + (["--prompt", "x"] if command == "generate" else [])
+    r = turbokv(*args)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert named in r.stderr
