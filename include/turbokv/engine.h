@@ -11,6 +11,7 @@
 //   auto result = engine->generate("def fibonacci(n):", opt);
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -18,6 +19,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "turbokv/error.h"
@@ -25,7 +27,8 @@
 
 namespace turbokv {
 
-// Applied in this order: repetition penalty, temperature, top-k, top-p, min-p.
+// Applied in this order: repetition penalty, presence and frequency penalties, logit bias,
+// temperature, top-k, top-p, min-p. Ids the tokenizer does not have are never sampled.
 struct SamplingOptions {
   double temperature = 0.0;         // 0: greedy (argmax, lowest id on ties)
   int top_k = 0;                    // 0: off
@@ -33,7 +36,13 @@ struct SamplingOptions {
   double min_p = 0.0;               // drop tokens with p < min_p * p_max; 0: off
   double repetition_penalty = 1.0;  // > 0; 1: off (HF rule: logit/penalty if > 0 else *penalty)
   int repetition_context = 64;      // how many recent tokens (prompt included) the penalty sees
-  uint64_t seed = 0;                // RNG seed of this request
+  // OpenAI's rule over the generated tokens so far (not the prompt): logit -= presence_penalty
+  // if the token occurred, and -= frequency_penalty * its count. Both in [-2, 2]; 0: off.
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
+  // Added to the logits of these ids, each in [-100, 100] (-100 in effect bans the token).
+  std::vector<std::pair<int32_t, double>> logit_bias;
+  uint64_t seed = 0;  // RNG seed of this request
 };
 
 class Session;
@@ -52,6 +61,16 @@ struct GenerateOptions {
   // Run on this session's KV cache (see Session): the prompt's longest common prefix with the
   // session's tokens is not prefilled again, and the caches stay in the session afterwards.
   std::shared_ptr<Session> session;
+  // Report each sampled token's log-probability, and the top_logprobs (0..20) most likely
+  // tokens of its position: the model's log-softmax over the tokenizer's ids, before penalties,
+  // bias and temperature.
+  bool logprobs = false;
+  int top_logprobs = 0;
+};
+
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0;
 };
 
 // The request queue is full (HTTP 429); the request may be retried later.
@@ -101,6 +120,8 @@ struct LayerCacheInfo {
 struct GenerationChunk {
   std::string text;
   int32_t token = -1;            // -1 for progress and final events without a new token
+  float logprob = 0;             // GenerateOptions::logprobs: token's log-probability
+  std::vector<TokenLogprob> top_logprobs;  // GenerateOptions::top_logprobs, most likely first
   int64_t prompt_processed = 0;  // prompt tokens prefilled so far (progress)
   bool done = false;             // the last chunk of the request
   FinishReason finish_reason = FinishReason::kNone;
@@ -114,13 +135,18 @@ struct GenerationResult {
   GenerationStats stats;
 };
 
-// A submitted request. Chunks are consumed by one thread, in order.
+enum class StreamWait { kChunk, kDone, kTimeout };
+
+// A submitted request. Chunks are consumed by one thread at a time, in order.
 class GenerationStream {
  public:
   virtual ~GenerationStream() = default;  // cancels the request if it is still running
   // Blocks until the next chunk. Returns false once the done chunk has been returned. Rethrows a
   // failure of the request (the engine keeps serving others).
   virtual bool next(GenerationChunk* chunk) = 0;
+  // As next(), but waits at most timeout (kTimeout: no chunk yet, call again), so that a
+  // caller can notice an interrupt while it waits.
+  virtual StreamWait next_for(GenerationChunk* chunk, std::chrono::milliseconds timeout) = 0;
   virtual void cancel() = 0;
 };
 

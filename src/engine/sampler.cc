@@ -32,6 +32,23 @@ void validate_sampling(const SamplingOptions& o) {
     throw InvalidArgument(str_cat("repetition_context=", o.repetition_context, " must be >= 0"),
                           "repetition_context");
   }
+  for (const auto& [name, v] :
+       {std::pair<const char*, double>{"presence_penalty", o.presence_penalty},
+        {"frequency_penalty", o.frequency_penalty}}) {
+    if (!std::isfinite(v) || v < -2 || v > 2) {
+      throw InvalidArgument(str_cat(name, "=", v, " must be in [-2, 2] (0: off)"), name);
+    }
+  }
+  for (const auto& [id, bias] : o.logit_bias) {
+    if (id < 0) {
+      throw InvalidArgument(str_cat("logit_bias: token id ", id, " is negative"), "logit_bias");
+    }
+    if (!std::isfinite(bias) || bias < -100 || bias > 100) {
+      throw InvalidArgument(
+          str_cat("logit_bias: the bias ", bias, " of token ", id, " must be in [-100, 100]"),
+          "logit_bias");
+    }
+  }
 }
 
 int32_t argmax(std::span<const float> logits) {
@@ -47,7 +64,57 @@ Sampler::Sampler(const SamplingOptions& options, std::span<const int32_t> masked
   validate_sampling(options);
 }
 
-int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> history) {
+void Sampler::count_generated(std::span<const int32_t> history, size_t n_generated) {
+  n_generated = std::min(n_generated, history.size());
+  if (n_generated < counted_) {  // a new sequence of calls (tests reuse samplers)
+    counts_.clear();
+    counted_ = 0;
+  }
+  const auto generated = history.subspan(history.size() - n_generated);
+  for (size_t i = counted_; i < generated.size(); ++i) ++counts_[generated[i]];
+  counted_ = generated.size();
+}
+
+int32_t Sampler::sample_with_logprobs(std::span<float> logits, std::span<const int32_t> history,
+                                      size_t n_generated, int top_n, float* logprob,
+                                      std::vector<TokenLogprob>* top) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  // The masked, NaN-free logits before any rule: sample() applies the same masking first.
+  raw_.assign(logits.begin(), logits.end());
+  for (float& l : raw_) {
+    if (std::isnan(l)) l = kNegInf;
+  }
+  for (int32_t id : masked_) {
+    if (id >= 0 && static_cast<size_t>(id) < raw_.size()) raw_[id] = kNegInf;
+  }
+  const float max_logit = *std::max_element(raw_.begin(), raw_.end());
+  double sum = 0;
+  for (float l : raw_) {
+    if (l != kNegInf) sum += std::exp(double(l) - max_logit);
+  }
+  const double log_norm = double(max_logit) + std::log(sum);
+  auto log_p = [&](int32_t id) {
+    return raw_[id] == kNegInf ? kNegInf : static_cast<float>(double(raw_[id]) - log_norm);
+  };
+  const int32_t token = sample(logits, history, n_generated);
+  *logprob = log_p(token);
+  top->clear();
+  if (top_n > 0) {
+    std::vector<int32_t> ids;
+    for (int32_t id = 0; id < static_cast<int32_t>(raw_.size()); ++id) {
+      if (raw_[id] != kNegInf) ids.push_back(id);
+    }
+    const size_t n = std::min<size_t>(static_cast<size_t>(top_n), ids.size());
+    std::partial_sort(
+        ids.begin(), ids.begin() + static_cast<ptrdiff_t>(n), ids.end(),
+        [&](int32_t a, int32_t b) { return raw_[a] > raw_[b] || (raw_[a] == raw_[b] && a < b); });
+    for (size_t i = 0; i < n; ++i) top->push_back({ids[i], log_p(ids[i])});
+  }
+  return token;
+}
+
+int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> history,
+                        size_t n_generated) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   // NaN would break the ordering below and +inf the softmax; a masked id can never win, not
   // even on ties.
@@ -74,6 +141,19 @@ int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> histor
       if (id < 0 || static_cast<size_t>(id) >= logits.size()) continue;
       float& l = logits[id];
       l = l > 0 ? l / penalty : l * penalty;
+    }
+  }
+  if (options_.presence_penalty != 0 || options_.frequency_penalty != 0) {
+    count_generated(history, n_generated);
+    for (const auto& [id, count] : counts_) {
+      if (id < 0 || static_cast<size_t>(id) >= logits.size()) continue;
+      logits[id] -=
+          static_cast<float>(options_.presence_penalty + options_.frequency_penalty * count);
+    }
+  }
+  for (const auto& [id, bias] : options_.logit_bias) {
+    if (id >= 0 && static_cast<size_t>(id) < logits.size()) {
+      logits[id] += static_cast<float>(bias);  // -inf (masked) stays -inf
     }
   }
   if (options_.temperature == 0) {

@@ -79,6 +79,8 @@ struct Scheduler::Sequence {
   int64_t sampled = 0;                  // sampled tokens, a stopping EOS included
   int64_t generated = 0;                // sampled tokens, a stopping EOS excluded
   std::vector<float> logits;            // [vocab] of the last token fed
+  float logprob = 0;                    // of the last sampled token (options.logprobs)
+  std::vector<TokenLogprob> top_logprobs;
   bool started = false, done = false;
   Clock::time_point t_start, t_first_token, t_last_token;
 };
@@ -107,6 +109,7 @@ class Stream : public GenerationStream {
   }
 
   bool next(GenerationChunk* chunk) override;
+  StreamWait next_for(GenerationChunk* chunk, std::chrono::milliseconds timeout) override;
   void cancel() override;
 
  private:
@@ -118,9 +121,19 @@ class Stream : public GenerationStream {
 
 // Stream's members need Request's definition, which is local to this file.
 bool Stream::next(GenerationChunk* chunk) {
-  if (finished_) return false;
+  StreamWait r;
+  do {
+    r = next_for(chunk, std::chrono::hours(24));
+  } while (r == StreamWait::kTimeout);
+  return r == StreamWait::kChunk;
+}
+
+StreamWait Stream::next_for(GenerationChunk* chunk, std::chrono::milliseconds timeout) {
+  if (finished_) return StreamWait::kDone;
   std::unique_lock<std::mutex> lock(req_->mu);
-  req_->cv.wait(lock, [&] { return !req_->chunks.empty() || req_->error; });
+  if (!req_->cv.wait_for(lock, timeout, [&] { return !req_->chunks.empty() || req_->error; })) {
+    return StreamWait::kTimeout;
+  }
   if (req_->chunks.empty()) {
     finished_ = true;
     std::rethrow_exception(req_->error);
@@ -128,7 +141,7 @@ bool Stream::next(GenerationChunk* chunk) {
   *chunk = std::move(req_->chunks.front());
   req_->chunks.pop_front();
   if (chunk->done) finished_ = true;
-  return true;
+  return StreamWait::kChunk;
 }
 
 void Stream::cancel() {
@@ -184,8 +197,8 @@ Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, std::vector
         std::make_unique<PrefixCache>(budget, options.prefix_cache_block, chunk_, layer_specs_);
   }
   if (static_cast<int64_t>(masked_ids_.size()) >= vocab_size_) {
-    throw InvalidArgument(str_cat("the tokenizer decodes none of the model's ", vocab_size_,
-                                  " token ids"));
+    throw InvalidArgument(
+        str_cat("the tokenizer decodes none of the model's ", vocab_size_, " token ids"));
   }
 }
 
@@ -224,6 +237,17 @@ std::unique_ptr<GenerationStream> Scheduler::submit(std::vector<int32_t> prompt,
   }
   check_token_ids(prompt, "prompt");
   check_token_ids(options.forced_tokens, "forced_tokens");
+  for (const auto& [id, bias] : options.sampling.logit_bias) {
+    if (id < 0 || id >= vocab_size_) {
+      throw InvalidArgument(
+          str_cat("logit_bias: token id ", id, " is outside the vocabulary [0, ", vocab_size_, ")"),
+          "logit_bias");
+    }
+  }
+  if (options.top_logprobs < 0 || options.top_logprobs > 20) {
+    throw InvalidArgument(str_cat("top_logprobs=", options.top_logprobs, " must be in [0, 20]"),
+                          "top_logprobs");
+  }
   if (options.max_tokens < 1) {
     throw InvalidArgument(str_cat("max_tokens=", options.max_tokens, " must be >= 1"),
                           "max_tokens");
@@ -439,6 +463,10 @@ void Scheduler::finish(Sequence& seq, FinishReason reason, std::string text, int
   GenerationChunk chunk;
   chunk.text = std::move(text);
   chunk.token = token;
+  if (token >= 0) {
+    chunk.logprob = seq.logprob;
+    chunk.top_logprobs = std::move(seq.top_logprobs);
+  }
   chunk.prompt_processed = seq.prefilled;
   chunk.done = true;
   chunk.finish_reason = reason;
@@ -486,6 +514,8 @@ void Scheduler::on_token(Sequence& seq, int32_t token) {
     GenerationChunk chunk;
     chunk.text = std::move(text);
     chunk.token = token;
+    chunk.logprob = seq.logprob;
+    chunk.top_logprobs = std::move(seq.top_logprobs);
     chunk.prompt_processed = seq.prefilled;
     chunk.stats = stats_of(seq);
     seq.req->post(std::move(chunk));
@@ -569,7 +599,13 @@ void Scheduler::step() {
     try {
       // Sampling, detokenizing and stop matching are this sequence's alone: a failure there
       // (a tokenizer that cannot decode an id, ...) ends only this request.
-      on_token(seq, seq.sampler.sample(seq.logits, seq.history));
+      const GenerateOptions& opt = seq.req->options;
+      const size_t n_generated = seq.history.size() - seq.req->prompt.size();
+      const int32_t token = opt.logprobs ? seq.sampler.sample_with_logprobs(
+                                               seq.logits, seq.history, n_generated,
+                                               opt.top_logprobs, &seq.logprob, &seq.top_logprobs)
+                                         : seq.sampler.sample(seq.logits, seq.history, n_generated);
+      on_token(seq, token);
     } catch (...) {
       fail(seq, std::current_exception());
     }

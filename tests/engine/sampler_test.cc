@@ -155,6 +155,59 @@ TEST(Sampler, NonFiniteLogitsNeverBreakTheDraw) {
   EXPECT_EQ(argmax(l), 2);
 }
 
+TEST(Sampler, PresenceAndFrequencyPenaltiesCountGeneratedTokensOnly) {
+  SamplingOptions o;
+  o.presence_penalty = 0.5;
+  o.frequency_penalty = 0.25;
+  Sampler sampler(o);
+  // history: prompt {1, 1, 1} then generated {0, 0, 2}.
+  const std::vector<int32_t> history = {1, 1, 1, 0, 0, 2};
+  std::vector<float> logits = {2.0f, 1.0f, 1.0f, 0.5f};
+  sampler.sample(logits, history, /*n_generated=*/3);
+  EXPECT_FLOAT_EQ(logits[0], 2.0f - 0.5f - 2 * 0.25f);
+  EXPECT_FLOAT_EQ(logits[1], 1.0f);  // only in the prompt
+  EXPECT_FLOAT_EQ(logits[2], 1.0f - 0.5f - 0.25f);
+  EXPECT_FLOAT_EQ(logits[3], 0.5f);
+  // Negative penalties favour repeats (OpenAI allows [-2, 2]).
+  o.presence_penalty = -2;
+  o.frequency_penalty = 0;
+  Sampler favour(o);
+  logits = {0.0f, 1.0f, 0.0f};
+  EXPECT_EQ(favour.sample(logits, history, 3), 0);
+}
+
+TEST(Sampler, LogitBiasIsAddedAndMinus100Bans) {
+  SamplingOptions o;
+  o.logit_bias = {{0, -100.0}, {2, 3.5}};
+  Sampler sampler(o);
+  std::vector<float> logits = {5.0f, 4.0f, 1.0f};
+  EXPECT_EQ(sampler.sample(logits, {}), 2);
+  EXPECT_FLOAT_EQ(logits[0], -95.0f);
+  EXPECT_FLOAT_EQ(logits[2], 4.5f);
+}
+
+TEST(Sampler, LogprobsAreTheLogSoftmaxBeforeTheRules) {
+  const std::vector<int32_t> masked = {3};
+  SamplingOptions o;
+  o.temperature = 0.5;
+  o.repetition_penalty = 2.0;
+  o.logit_bias = {{1, 50.0}};
+  Sampler sampler(o, masked);
+  std::vector<float> logits = log_probs({0.5, 0.3, 0.2});
+  logits.push_back(9.0f);  // masked: not a token, no probability
+  float logprob = 0;
+  std::vector<TokenLogprob> top;
+  const int32_t t =
+      sampler.sample_with_logprobs(logits, std::vector<int32_t>{0}, 1, 2, &logprob, &top);
+  EXPECT_EQ(t, 1);  // the bias decides the draw, not the logprobs
+  EXPECT_NEAR(logprob, std::log(0.3), 1e-6);
+  ASSERT_EQ(top.size(), 2u);
+  EXPECT_EQ(top[0].token, 0);
+  EXPECT_NEAR(top[0].logprob, std::log(0.5), 1e-6);
+  EXPECT_EQ(top[1].token, 1);
+  EXPECT_NEAR(top[1].logprob, std::log(0.3), 1e-6);
+}
+
 TEST(Sampler, OutOfRangeOptionsAreInvalidArguments) {
   auto bad = [](auto set) {
     SamplingOptions o;
@@ -165,7 +218,14 @@ TEST(Sampler, OutOfRangeOptionsAreInvalidArguments) {
        {bad([](auto& o) { o.temperature = -1; }), bad([](auto& o) { o.temperature = NAN; }),
         bad([](auto& o) { o.top_k = -2; }), bad([](auto& o) { o.top_p = 0; }),
         bad([](auto& o) { o.top_p = 1.5; }), bad([](auto& o) { o.min_p = 2; }),
-        bad([](auto& o) { o.repetition_penalty = 0; })}) {
+        bad([](auto& o) { o.repetition_penalty = 0; }),
+        bad([](auto& o) { o.presence_penalty = 2.5; }),
+        bad([](auto& o) { o.frequency_penalty = -3; }), bad([](auto& o) {
+          o.logit_bias = {{1, 101.0}};
+        }),
+        bad([](auto& o) {
+          o.logit_bias = {{-1, 1.0}};
+        })}) {
     EXPECT_THROW(Sampler{o}, InvalidArgument);
   }
 }
