@@ -53,6 +53,12 @@ int run_server(int argc, char** argv) {
   app.add_option("--slot-save-path", options.slot_save_path,
                  "directory of the slot files of POST /v1/slots/{id}?action=save|restore "
                  "(default: save/restore off)");
+  app.add_option("--max-queued-connections", options.max_queued_connections,
+                 "connections waiting for an HTTP thread; more get 503")
+      ->check(integer_in(1, 1 << 20));
+  app.add_option("--request-timeout", options.request_timeout_s,
+                 "seconds a client has to send a whole request (headers and body)")
+      ->check(CLI::Range(0.001, 86400.0));
   if (int rc = parse(app, argc, argv); rc >= 0) return rc;
   if (!options.slot_save_path.empty()) {
     std::error_code error;

@@ -4,11 +4,14 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <ctime>
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "server/http_guard.h"
 #include "server/openai.h"
 #include "server/slots.h"
 
@@ -16,25 +19,57 @@ namespace turbokv::server {
 
 using nlohmann::json;
 
+namespace {
+
+ConnectionLimits connection_limits(const ServerOptions& o) {
+  ConnectionLimits l;
+  l.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.request_timeout_s * 1000));
+  l.workers = o.http_threads;
+  l.max_queued = o.max_queued_connections;
+  // The body limit plus room for the request line and headers.
+  l.max_request_bytes = o.max_body_bytes + (size_t(64) << 10);
+  return l;
+}
+
+}  // namespace
+
 struct Server::Impl {
   Impl(Engine& e, ServerOptions o)
       : engine(e),
         options(std::move(o)),
         slots(e, options.slots > 0 ? options.slots : e.options().max_sequences,
               options.slot_save_path),
+        http(connection_limits(options)),
         created(std::time(nullptr)) {}
 
   Engine& engine;
   ServerOptions options;
   SlotTable slots;
-  httplib::Server http;
+  GuardedHttpServer http;
   int64_t created;
   std::atomic<int64_t> next_id{1};
   std::atomic<int64_t> http_requests{0}, http_errors{0};
 
   void install_routes();
-  void completion(const httplib::Request& req, httplib::Response& res, bool chat);
-  void slot_action(const httplib::Request& req, httplib::Response& res);
+  // The connection's request has been read: it no longer counts as a slow reader.
+  void mark_handling() {
+    if (Connection* c = current_connection()) {
+      http.registry().set_phase(c, Connection::Phase::kHandling);
+    }
+  }
+  // The response ends the connection (a body left unread would be read as the next request).
+  static void close_after_response(httplib::Response& res) {
+    res.set_header("Connection", "close");
+    if (Connection* c = current_connection()) c->close_after_response = true;
+  }
+  // The body, read through `reader` up to max_body_bytes whatever the transfer encoding.
+  std::string read_body(const httplib::Request& req, const httplib::ContentReader& reader);
+  // A POST route whose handler gets the body read by read_body.
+  template <typename Fn>
+  void post(const std::string& pattern, Fn fn);
+  json model_json() const;
+  void completion(const std::string& body, httplib::Response& res, bool chat);
+  void slot_action(const httplib::Request& req, const std::string& body, httplib::Response& res);
   std::string metrics_text() const;
 };
 
@@ -52,24 +87,22 @@ void send_error(httplib::Response& res, int status, const std::string& message,
   res.set_content(dump(error_body(message, type, param, code)), "application/json");
 }
 
-// Runs a handler, turning every exception into an OpenAI error response.
+// Runs fn, turning every exception into an OpenAI error response.
 template <typename Fn>
-httplib::Server::Handler guarded(Fn fn) {
-  return [fn](const httplib::Request& req, httplib::Response& res) {
-    try {
-      fn(req, res);
-    } catch (const ApiError& e) {
-      send_error(res, e.status, e.what(), e.type, e.param, e.code);
-    } catch (const Overloaded& e) {
-      send_error(res, 429, e.what(), "server_busy", std::nullopt, "overloaded");
-    } catch (const InvalidArgument& e) {
-      std::optional<std::string> param;
-      if (!e.param().empty()) param = e.param();
-      send_error(res, 400, e.what(), "invalid_request_error", param, "invalid_value");
-    } catch (const std::exception& e) {
-      send_error(res, 500, e.what(), "server_error");
-    }
-  };
+void answer_errors(httplib::Response& res, Fn fn) {
+  try {
+    fn();
+  } catch (const ApiError& e) {
+    send_error(res, e.status, e.what(), e.type, e.param, e.code);
+  } catch (const Overloaded& e) {
+    send_error(res, 429, e.what(), "server_busy", std::nullopt, "overloaded");
+  } catch (const InvalidArgument& e) {
+    std::optional<std::string> param;
+    if (!e.param().empty()) param = e.param();
+    send_error(res, 400, e.what(), "invalid_request_error", param, "invalid_value");
+  } catch (const std::exception& e) {
+    send_error(res, 500, e.what(), "server_error");
+  }
 }
 
 std::string sse(const json& event) {
@@ -78,13 +111,72 @@ std::string sse(const json& event) {
 
 }  // namespace
 
+std::string Server::Impl::read_body(const httplib::Request& req,
+                                    const httplib::ContentReader& reader) {
+  const auto too_large_error = [this] {
+    return ApiError(413,
+                    str_cat("the request body exceeds the limit of ", options.max_body_bytes,
+                            " bytes"),
+                    "invalid_request_error", std::nullopt, "request_too_large");
+  };
+  // A declared length over the limit is refused before anything is read.
+  if (req.has_header("Content-Length")) {
+    const std::string declared = req.get_header_value("Content-Length");
+    uint64_t n = 0;
+    const auto [end, ec] = std::from_chars(declared.data(), declared.data() + declared.size(), n);
+    if (ec == std::errc::result_out_of_range || (ec == std::errc() && n > options.max_body_bytes)) {
+      throw too_large_error();
+    }
+  }
+  std::string body;
+  bool too_large = false;
+  const bool complete = reader([&](const char* data, size_t n) {
+    if (body.size() + n > options.max_body_bytes) {
+      too_large = true;
+      return false;  // stop reading: the rest is never buffered
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (too_large) throw too_large_error();
+  if (!complete) {
+    throw ApiError(400, "the request body could not be read (cut short or too slow)",
+                   "invalid_request_error", std::nullopt, "incomplete_body");
+  }
+  mark_handling();
+  return body;
+}
+
+template <typename Fn>
+void Server::Impl::post(const std::string& pattern, Fn fn) {
+  http.Post(pattern, [this, fn](const httplib::Request& req, httplib::Response& res,
+                                const httplib::ContentReader& reader) {
+    answer_errors(res, [&] {
+      try {
+        fn(req, read_body(req, reader), res);
+      } catch (const ApiError& e) {
+        // A body left unread (too large, cut short) ends the connection.
+        if (e.status == 413 || e.code == "incomplete_body") close_after_response(res);
+        throw;
+      }
+    });
+  });
+}
+
+json Server::Impl::model_json() const {
+  return {{"id", options.model_id},
+          {"object", "model"},
+          {"created", created},
+          {"owned_by", "turbokv"},
+          {"context_length", engine.summary().context_length}};
+}
+
 void Server::Impl::install_routes() {
   http.set_payload_max_length(options.max_body_bytes);
-  const int threads = options.http_threads;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     ++http_requests;
+    if (req.method != "POST") mark_handling();  // POST bodies are read by the handlers
     const bool protected_path = req.path.rfind("/v1/", 0) == 0 || req.path == "/metrics";
     if (options.api_key.empty() || !protected_path ||
         req.get_header_value("Authorization") == "Bearer " + options.api_key) {
@@ -92,6 +184,9 @@ void Server::Impl::install_routes() {
     }
     send_error(res, 401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
                "invalid_request_error", std::nullopt, "invalid_api_key");
+    if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding")) {
+      close_after_response(res);  // its body is left unread
+    }
     return httplib::Server::HandlerResponse::Handled;
   });
   // Statuses set by httplib itself (404 no route, 413 body too large, ...) get an error body.
@@ -120,29 +215,27 @@ void Server::Impl::install_routes() {
     res.set_content(R"({"status":"ok"})", "application/json");
   });
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    json model = {{"id", options.model_id},
-                  {"object", "model"},
-                  {"created", created},
-                  {"owned_by", "turbokv"},
-                  {"context_length", engine.summary().context_length}};
-    res.set_content(dump(json({{"object", "list"}, {"data", json::array({model})}})),
+    res.set_content(dump(json({{"object", "list"}, {"data", json::array({model_json()})}})),
                     "application/json");
   });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_text(), "text/plain; version=0.0.4");
   });
-  http.Post("/v1/chat/completions",
-            guarded([this](const auto& req, auto& res) { completion(req, res, /*chat=*/true); }));
-  http.Post("/v1/completions",
-            guarded([this](const auto& req, auto& res) { completion(req, res, /*chat=*/false); }));
-  http.Get("/v1/slots", guarded([this](const auto&, auto& res) {
-             res.set_content(slots.list().dump(), "application/json");
-           }));
-  http.Post(R"(/v1/slots/(\d+))",
-            guarded([this](const auto& req, auto& res) { slot_action(req, res); }));
+  post("/v1/chat/completions", [this](const httplib::Request&, const std::string& body,
+                                      httplib::Response& res) { completion(body, res, true); });
+  post("/v1/completions", [this](const httplib::Request&, const std::string& body,
+                                 httplib::Response& res) { completion(body, res, false); });
+  http.Get("/v1/slots", [this](const httplib::Request&, httplib::Response& res) {
+    answer_errors(res, [&] { res.set_content(dump(slots.list()), "application/json"); });
+  });
+  post(R"(/v1/slots/(\d+))",
+       [this](const httplib::Request& req, const std::string& body, httplib::Response& res) {
+         slot_action(req, body, res);
+       });
 }
 
-void Server::Impl::slot_action(const httplib::Request& req, httplib::Response& res) {
+void Server::Impl::slot_action(const httplib::Request& req, const std::string& text,
+                               httplib::Response& res) {
   const std::string digits = req.matches[1];
   if (digits.size() > 9) {
     throw ApiError(400, str_cat("slot ", digits, " does not exist"), "invalid_request_error",
@@ -151,14 +244,14 @@ void Server::Impl::slot_action(const httplib::Request& req, httplib::Response& r
   const int64_t id = std::stoll(digits);
   const std::string action = req.get_param_value("action");
   if (action == "erase") {
-    res.set_content(slots.erase(id).dump(), "application/json");
+    res.set_content(dump(slots.erase(id)), "application/json");
     return;
   }
   if (action != "save" && action != "restore") {
     throw ApiError(400, str_cat("action '", action, "' is unknown; allowed: save, restore, erase"),
                    "invalid_request_error", "action", "invalid_value");
   }
-  const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  const json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object() || !body.contains("filename") ||
       !body["filename"].is_string()) {
     throw ApiError(400, "the body must be a JSON object with a string 'filename'",
@@ -166,11 +259,11 @@ void Server::Impl::slot_action(const httplib::Request& req, httplib::Response& r
   }
   const std::string filename = body["filename"].get<std::string>();
   const json out = action == "save" ? slots.save(id, filename) : slots.restore(id, filename);
-  res.set_content(out.dump(), "application/json");
+  res.set_content(dump(out), "application/json");
 }
 
-void Server::Impl::completion(const httplib::Request& req, httplib::Response& res, bool chat) {
-  const json body = parse_request_body(req.body);
+void Server::Impl::completion(const std::string& text, httplib::Response& res, bool chat) {
+  const json body = parse_request_body(text);
   const RequestLimits limits{options.max_tokens};
   ApiRequest r = chat ? parse_chat_request(body, limits, engine.options().kv)
                       : parse_completion_request(body, limits, engine.options().kv);
@@ -212,8 +305,22 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
     return c;
   };
 
+  Connection* const connection = current_connection();
   if (!r.stream) {
-    const GenerationResult result = engine.generate(std::move(tokens), r.options);
+    // A client that hangs up cancels its request (the watchdog notices within 0.1 s).
+    const std::shared_ptr<GenerationStream> stream = engine.submit(std::move(tokens), r.options);
+    if (connection) http.registry().set_hangup_handler(connection, [stream] { stream->cancel(); });
+    GenerationResult result;
+    GenerationChunk chunk;
+    while (stream->next(&chunk)) {
+      result.text += chunk.text;
+      if (chunk.token >= 0) result.tokens.push_back(chunk.token);
+      if (chunk.done) {
+        result.finish_reason = chunk.finish_reason;
+        result.stats = chunk.stats;
+      }
+    }
+    if (connection) http.registry().set_hangup_handler(connection, nullptr);
     json out = base;
     json c = {{"index", 0},
               {"logprobs", nullptr},
@@ -231,6 +338,7 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
   }
 
   std::shared_ptr<GenerationStream> stream = engine.submit(std::move(tokens), r.options);
+  if (connection) http.registry().set_hangup_handler(connection, [stream] { stream->cancel(); });
   struct State {
     bool role_sent = false;
     bool finished = false;
@@ -264,8 +372,9 @@ void Server::Impl::completion(const httplib::Request& req, httplib::Response& re
           sink.done();
           return true;
         }
-        if (!c.text.empty())
+        if (!c.text.empty()) {
           out += event(json::array({choice(c.text, FinishReason::kNone, false)}));
+        }
         if (c.done) {
           state->finished = true;
           out += event(json::array({choice("", c.finish_reason, false)}));
@@ -369,11 +478,12 @@ int Server::bind() {
 }
 
 void Server::listen() {
+  impl_->http.start_watchdog();
   impl_->http.listen_after_bind();
 }
 
 void Server::stop() {
-  if (impl_->http.is_running()) impl_->http.stop();
+  impl_->http.stop_all();  // in-flight generations are cancelled
 }
 
 }  // namespace turbokv::server

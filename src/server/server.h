@@ -27,6 +27,8 @@ struct ServerOptions {
   int http_threads = 64;       // connections served at once (streams hold one each)
   int slots = 0;               // sessions for id_slot; 0: EngineOptions::max_sequences
   std::string slot_save_path;  // directory of slot files; "": save/restore off
+  int max_queued_connections = 256;  // waiting for an HTTP thread; more get 503
+  double request_timeout_s = 10;     // a client's time to send one whole request
 };
 
 class Server {

@@ -10,6 +10,7 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -44,9 +45,11 @@ function startServer(extraArgs = [], model = modelDir) {
   });
 }
 
-// curl; returns {status, json, text}. body is sent from stdin so any size works.
-function curl(url, { method = 'GET', body, headers = {} } = {}) {
+// curl; returns {status, json, text}. body is sent from stdin so any size works; chunked sends
+// it with Transfer-Encoding: chunked.
+function curl(url, { method = 'GET', body, headers = {}, chunked = false } = {}) {
   const args = ['-s', '-X', method, '-w', '\n%{http_code}', url];
+  if (chunked) args.push('-H', 'Transfer-Encoding: chunked');
   for (const [k, v] of Object.entries(headers)) args.push('-H', `${k}: ${v}`);
   if (body !== undefined) args.push('-H', 'Content-Type: application/json', '--data-binary', '@-');
   return new Promise((resolve, reject) => {
@@ -88,6 +91,41 @@ async function streamText(client, kind, params) {
     if (choice.finish_reason) finish = choice.finish_reason;
   }
   return { text, finish };
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+const EOS = 8189;  // tinycode-llama's <|endoftext|>: banned with logit_bias for long requests
+
+// /metrics as {name: value}.
+async function metrics(url) {
+  const out = {};
+  for (const line of (await curl(`${url}/metrics`)).text.split('\n')) {
+    const m = line.match(/^(turbokv_\w+) (\S+)$/);
+    if (m) out[m[1]] = Number(m[2]);
+  }
+  return out;
+}
+
+// Polls until pred(metrics) holds; fails after ms.
+async function metricsReach(url, pred, ms, what) {
+  const deadline = Date.now() + ms;
+  let m;
+  while (Date.now() < deadline) {
+    m = await metrics(url);
+    if (pred(m)) return m;
+    await sleep(50);
+  }
+  throw new Error(`${what}: metrics never got there: ${JSON.stringify(m)}`);
+}
+
+// A raw TCP connection; `ended` resolves when the server closes it.
+function rawConnection(url) {
+  const { hostname, port } = new URL(url);
+  const socket = net.connect(Number(port), hostname);
+  socket.on('error', () => {});
+  socket.ended = new Promise((resolve) => socket.on('close', resolve));
+  socket.on('data', () => {});
+  return new Promise((resolve) => socket.on('connect', () => resolve(socket)));
 }
 
 const tests = [];
@@ -322,6 +360,40 @@ test('deeply nested typed fields get 400s, not a crash', async ({ url, client })
   assert.equal(r.object, 'text_completion');
 });
 
+test('the body limit holds for chunked bodies too (413), and the server keeps serving',
+     async ({ url }) => {
+  const post = (body, chunked) => curl(`${url}/v1/completions`, { method: 'POST', body, chunked });
+  const fits = { ...completionParams, max_tokens: 2 };
+  assert.equal((await post(fits, true)).status, 200, 'a small chunked body is served');
+  const big = { ...completionParams, prompt: 'x'.repeat(8 * MAX_BODY) };
+  assertOpenAIError(await post(big, true), 413, 'chunked body over the limit');
+  assertOpenAIError(await post(' '.repeat(20 << 20), true), 413, '20 MB of spaces, chunked');
+  assertOpenAIError(await post(big, false), 413, 'Content-Length body over the limit');
+  assert.equal((await curl(`${url}/health`)).status, 200);
+});
+
+test('a client that hangs up cancels its request, plain or streamed; metrics go idle',
+     async ({ url }) => {
+  const long = { ...completionParams, max_tokens: 512, logit_bias: { [EOS]: -100 } };
+  for (const stream of [false, true]) {
+    const before = await metrics(url);
+    const controller = new AbortController();
+    const aborted = fetch(`${url}/v1/completions`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ ...long, stream }), signal: controller.signal,
+    }).then((r) => r.text()).catch(() => 'aborted');
+    await metricsReach(url, (m) => m.turbokv_generated_tokens_total >= before.turbokv_generated_tokens_total + 5,
+                       30000, 'generation started');
+    controller.abort();
+    await aborted;
+    const after = await metricsReach(
+      url, (m) => m.turbokv_active_sequences === 0 && m.turbokv_kv_bytes === 0, 3000,
+      `stream=${stream}: cancelled`);
+    const generated = after.turbokv_generated_tokens_total - before.turbokv_generated_tokens_total;
+    assert.ok(generated < 400, `stream=${stream}: ${generated} tokens generated after the hang-up`);
+  }
+});
+
 test('metrics report requests, tokens, sequences and KV bytes', async ({ url }) => {
   const m = await curl(`${url}/metrics`);
   assert.equal(m.status, 200);
@@ -429,6 +501,56 @@ async function paddedVocabTest() {
   }
 }
 
+// Slow clients: trickling headers or bodies hold HTTP threads only until the request timeout, and
+// a new connection that finds every thread held evicts the slowest of them.
+async function slowClientsTest() {
+  const { child, url } = await startServer(['--http-threads', '4', '--request-timeout', '3']);
+  try {
+    const trickle = async (prefix) => {
+      const s = await rawConnection(url);
+      s.write(prefix);
+      s.timer = setInterval(() => s.write('x'), 300);
+      return s;
+    };
+    const slow = [];
+    for (let i = 0; i < 6; ++i) {
+      slow.push(await trickle(i % 2 ? 'GET /health HTTP/1.1\r\nX-Slow: '
+                                      : 'POST /v1/completions HTTP/1.1\r\nHost: x\r\n' +
+                                        'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{'));
+    }
+    await sleep(1500);  // every thread is now held by a slow client
+    for (let i = 0; i < 3; ++i) {
+      const t0 = Date.now();
+      const health = await curl(`${url}/health`);
+      assert.equal(health.status, 200);
+      assert.ok(Date.now() - t0 < 2500, `/health took ${Date.now() - t0} ms`);
+    }
+    // Past the request timeout every slow connection has been closed by the server.
+    const t0 = Date.now();
+    await Promise.all(slow.map((s) => s.ended));
+    assert.ok(Date.now() - t0 < 5000, `slow clients closed after ${Date.now() - t0} ms`);
+    for (const s of slow) clearInterval(s.timer);
+    const r = await curl(`${url}/v1/completions`, { method: 'POST', body: { ...completionParams, max_tokens: 2 } });
+    assert.equal(r.status, 200);
+  } finally {
+    child.kill('SIGTERM');
+  }
+}
+
+// SIGTERM while requests run: they are cancelled and the server exits promptly.
+async function sigtermTest() {
+  const { child, url } = await startServer();
+  const long = { ...completionParams, max_tokens: 512, logit_bias: { [EOS]: -100 } };
+  const requests = [0, 1, 2].map(() => curl(`${url}/v1/completions`, { method: 'POST', body: long }));
+  await metricsReach(url, (m) => m.turbokv_active_sequences === 3, 30000, 'three running');
+  const exited = new Promise((resolve) => child.on('exit', resolve));
+  const t0 = Date.now();
+  child.kill('SIGTERM');
+  assert.equal(await exited, 0);
+  assert.ok(Date.now() - t0 < 3000, `exit took ${Date.now() - t0} ms`);
+  await Promise.all(requests);
+}
+
 async function main() {
   const { child, url } = await startServer();
   const client = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'unused', maxRetries: 0 });
@@ -446,6 +568,8 @@ async function main() {
   await run('API key: 401 without it, served with it', apiKeyTest);
   await run('slots: id_slot reuse, save/restore in the slot directory only', slotsTest);
   await run('padded vocab: only tokenizer ids are sampled', paddedVocabTest);
+  await run('slow clients: request timeout and eviction keep /health answered', slowClientsTest);
+  await run('SIGTERM cancels running requests and exits promptly', sigtermTest);
   const exited = new Promise((resolve) => child.on('exit', resolve));
   child.kill('SIGTERM');
   const code = await exited;
