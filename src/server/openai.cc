@@ -1,6 +1,8 @@
 // OpenAI request parsing with typed 400 errors, and the response/usage JSON (see openai.h).
 #include "server/openai.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 
 #include "core/text_file.h"
@@ -43,8 +45,29 @@ std::optional<T> get_typed(const json& body, const char* key, bool (json::*has_t
   return v->get<T>();
 }
 
-std::optional<int64_t> get_int(const json& body, const char* key) {
-  return get_typed<int64_t>(body, key, &json::is_number_integer, "an integer");
+// An integer field within [lo, hi]: a value out of range is a 400, never a wrapped number.
+std::optional<int64_t> get_int(const json& body, const char* key, int64_t lo, int64_t hi) {
+  const json* v = field(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer()) {
+    throw invalid(key, str_cat("'", key, "' must be an integer, got ", json_excerpt(*v)));
+  }
+  const bool too_big = v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX);
+  if (too_big || v->get<int64_t>() < lo || v->get<int64_t>() > hi) {
+    throw invalid(
+        key, str_cat("'", key, "'=", json_excerpt(*v), " is out of range [", lo, ", ", hi, "]"));
+  }
+  return v->get<int64_t>();
+}
+
+// A seed: any 64-bit integer, signed or unsigned (as bits).
+std::optional<uint64_t> get_seed(const json& body, const char* key) {
+  const json* v = field(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer()) {
+    throw invalid(key, str_cat("'", key, "' must be an integer, got ", json_excerpt(*v)));
+  }
+  return v->is_number_unsigned() ? v->get<uint64_t>() : static_cast<uint64_t>(v->get<int64_t>());
 }
 std::optional<double> get_number(const json& body, const char* key) {
   return get_typed<double>(body, key, &json::is_number, "a number");
@@ -72,12 +95,36 @@ KVOptions parse_kv(const json& body, const KVOptions& server_kv) {
     if (auto s = get_string(body, "kv_quant_scheme")) kv.kv_quant_scheme = *s;
     if (auto b = get_bits(body, "kv_key_bits")) kv.kv_key_bits = b;
     if (auto b = get_bits(body, "kv_value_bits")) kv.kv_value_bits = b;
-    if (auto g = get_int(body, "kv_group_size")) kv.kv_group_size = static_cast<int>(*g);
-    if (auto s = get_int(body, "quantized_kv_start")) kv.quantized_kv_start = *s;
+    if (auto g = get_int(body, "kv_group_size", 1, INT32_MAX)) {
+      kv.kv_group_size = static_cast<int>(*g);
+    }
+    if (auto s = get_int(body, "quantized_kv_start", 0, INT64_MAX)) kv.quantized_kv_start = *s;
   } catch (const InvalidArgument& e) {
     throw invalid(e.param().empty() ? "kv_bits" : e.param(), e.what());
   }
   return kv;  // resolved (and validated) once, when the request is submitted
+}
+
+// The token-id -> bias map of logit_bias: {"50256": -100, ...}.
+std::vector<std::pair<int32_t, double>> parse_logit_bias(const json& bias) {
+  if (!bias.is_object()) {
+    throw invalid("logit_bias", "'logit_bias' must be an object mapping token ids to biases");
+  }
+  std::vector<std::pair<int32_t, double>> out;
+  for (const auto& [key, value] : bias.items()) {
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id > INT32_MAX) {
+      throw invalid("logit_bias",
+                    str_cat("'logit_bias' key '", json_excerpt(json(key)), "' is not a token id"));
+    }
+    if (!value.is_number() || !(value.get<double>() >= -100 && value.get<double>() <= 100)) {
+      throw invalid("logit_bias", str_cat("'logit_bias' of token ", id, " must be a number in ",
+                                          "[-100, 100], got ", json_excerpt(value)));
+    }
+    out.emplace_back(static_cast<int32_t>(id), value.get<double>());
+  }
+  return out;
 }
 
 // Fields shared by both endpoints.
@@ -86,15 +133,14 @@ void parse_common(const json& body, const RequestLimits& limits, const KVOptions
   if (auto model = field(body, "model"); model && !model->is_string()) {
     throw invalid("model", "'model' must be a string");
   }
-  std::optional<int64_t> max_tokens = get_int(body, "max_completion_tokens");
-  const char* max_tokens_name = "max_completion_tokens";
-  if (!max_tokens) {
-    max_tokens = get_int(body, "max_tokens");
-    max_tokens_name = "max_tokens";
+  if (auto user = field(body, "user"); user && !user->is_string()) {
+    throw invalid("user", "'user' must be a string");
   }
-  if (max_tokens && (*max_tokens < 1 || *max_tokens > limits.max_tokens)) {
-    throw invalid(max_tokens_name, str_cat("'", max_tokens_name, "'=", *max_tokens,
-                                           " must be in [1, ", limits.max_tokens, "]"));
+  const char* max_tokens_name = "max_completion_tokens";
+  std::optional<int64_t> max_tokens = get_int(body, max_tokens_name, 1, limits.max_tokens);
+  if (!max_tokens) {
+    max_tokens_name = "max_tokens";
+    max_tokens = get_int(body, max_tokens_name, 1, limits.max_tokens);
   }
   GenerateOptions& o = r->options;
   o.max_tokens = static_cast<int>(max_tokens.value_or(limits.max_tokens));
@@ -102,24 +148,29 @@ void parse_common(const json& body, const RequestLimits& limits, const KVOptions
   SamplingOptions& s = o.sampling;
   s.temperature = get_number(body, "temperature").value_or(1.0);  // OpenAI's default
   s.top_p = get_number(body, "top_p").value_or(1.0);
-  s.top_k = static_cast<int>(get_int(body, "top_k").value_or(0));
+  s.top_k = static_cast<int>(get_int(body, "top_k", 0, INT32_MAX).value_or(0));
   s.min_p = get_number(body, "min_p").value_or(0.0);
   s.repetition_penalty = get_number(body, "repetition_penalty").value_or(1.0);
-  if (auto seed = get_int(body, "seed")) s.seed = static_cast<uint64_t>(*seed);
+  s.presence_penalty = get_number(body, "presence_penalty").value_or(0.0);
+  s.frequency_penalty = get_number(body, "frequency_penalty").value_or(0.0);
+  if (auto seed = get_seed(body, "seed")) s.seed = *seed;
   const std::pair<const char*, bool> checks[] = {
       {"temperature", s.temperature >= 0 && s.temperature <= 2},
       {"top_p", s.top_p > 0 && s.top_p <= 1},
-      {"top_k", s.top_k >= 0},
       {"min_p", s.min_p >= 0 && s.min_p <= 1},
-      {"repetition_penalty", s.repetition_penalty > 0}};
+      {"repetition_penalty", s.repetition_penalty > 0},
+      {"presence_penalty", s.presence_penalty >= -2 && s.presence_penalty <= 2},
+      {"frequency_penalty", s.frequency_penalty >= -2 && s.frequency_penalty <= 2}};
   for (const auto& [name, ok] : checks) {
     if (!ok) {
       throw invalid(name, str_cat("'", name, "'=", json_excerpt(*field(body, name)),
-                                  " is out of range (temperature [0, 2], top_p (0, 1], top_k "
-                                  ">= 0, min_p [0, 1], repetition_penalty > 0)"));
+                                  " is out of range (temperature [0, 2], top_p (0, 1], min_p "
+                                  "[0, 1], repetition_penalty > 0, presence_penalty and "
+                                  "frequency_penalty [-2, 2])"));
     }
   }
-  if (auto n = get_int(body, "n"); n && *n != 1) {
+  if (const json* bias = field(body, "logit_bias")) s.logit_bias = parse_logit_bias(*bias);
+  if (auto n = get_int(body, "n", INT64_MIN, INT64_MAX); n && *n != 1) {
     throw invalid("n", str_cat("'n'=", *n, " is not supported: only n=1"));
   }
 
@@ -138,6 +189,13 @@ void parse_common(const json& body, const RequestLimits& limits, const KVOptions
   r->stream = get_bool(body, "stream").value_or(false);
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) throw invalid("stream_options", "'stream_options' must be an object");
+    for (const auto& [key, value] : so->items()) {
+      if (key != "include_usage") {
+        throw ApiError(400, str_cat("'stream_options.", key, "' is not supported"),
+                       "invalid_request_error", str_cat("stream_options.", key),
+                       "unsupported_parameter");
+      }
+    }
     r->include_usage = get_bool(*so, "include_usage").value_or(false);
   }
   o.kv = parse_kv(body, server_kv);
@@ -145,7 +203,79 @@ void parse_common(const json& body, const RequestLimits& limits, const KVOptions
                           "kv_group_size", "quantized_kv_start"}) {
     r->kv_given = r->kv_given || body.contains(key);
   }
-  if (auto slot = get_int(body, "id_slot"); slot && *slot >= 0) r->slot = slot;
+  if (auto slot = get_int(body, "id_slot", -1, INT32_MAX); slot && *slot >= 0) r->slot = slot;
+}
+
+// Fields a request may carry: those parsed above and the endpoint's own. Anything else is a
+// 400 naming it, so that no option is silently ignored.
+void reject_unknown_fields(const json& body, bool chat) {
+  static const char* const kCommon[] = {"model",
+                                        "max_tokens",
+                                        "temperature",
+                                        "top_p",
+                                        "top_k",
+                                        "min_p",
+                                        "repetition_penalty",
+                                        "presence_penalty",
+                                        "frequency_penalty",
+                                        "logit_bias",
+                                        "seed",
+                                        "n",
+                                        "stop",
+                                        "stream",
+                                        "stream_options",
+                                        "user",
+                                        "kv_bits",
+                                        "kv_quant_scheme",
+                                        "kv_key_bits",
+                                        "kv_value_bits",
+                                        "kv_group_size",
+                                        "quantized_kv_start",
+                                        "id_slot"};
+  static const char* const kChat[] = {"messages",     "max_completion_tokens", "logprobs",
+                                      "top_logprobs", "response_format",       "tools",
+                                      "tool_choice"};
+  static const char* const kCompletion[] = {"prompt", "logprobs", "echo", "best_of", "suffix"};
+  for (const auto& [key, value] : body.items()) {
+    auto in = [&key](const auto& names) {
+      return std::any_of(std::begin(names), std::end(names),
+                         [&key](const char* n) { return key == n; });
+    };
+    if (!in(kCommon) && !(chat ? in(kChat) : in(kCompletion))) {
+      const std::string name = key.size() > 64 ? key.substr(0, 64) + "..." : key;
+      throw ApiError(400,
+                     str_cat("'", name, "' is not supported by this server's ",
+                             chat ? "/v1/chat/completions" : "/v1/completions"),
+                     "invalid_request_error", name, "unsupported_parameter");
+    }
+  }
+  // Accepted only with the value that means "nothing to do".
+  auto unsupported = [](const std::string& name, const std::string& why) {
+    return ApiError(400, str_cat("'", name, "' is not supported: ", why), "invalid_request_error",
+                    name, "unsupported_parameter");
+  };
+  if (chat) {
+    if (const json* f = field(body, "response_format");
+        f && !(f->is_object() && f->size() == 1 && f->value("type", "") == "text")) {
+      throw unsupported("response_format", "only {\"type\": \"text\"} (no JSON modes)");
+    }
+    if (const json* t = field(body, "tools"); t && !(t->is_array() && t->empty())) {
+      throw unsupported("tools", "this server does not call tools");
+    }
+    if (const json* t = field(body, "tool_choice"); t && *t != "none") {
+      throw unsupported("tool_choice", "this server does not call tools (only \"none\")");
+    }
+  } else {
+    if (const json* e = field(body, "echo"); e && *e != false) {
+      throw unsupported("echo", "the prompt is not echoed (only false)");
+    }
+    if (const json* b = field(body, "best_of"); b && *b != 1) {
+      throw unsupported("best_of", "one completion per request (only 1)");
+    }
+    if (const json* x = field(body, "suffix"); x && *x != "") {
+      throw unsupported("suffix", "no insertion after a suffix (only \"\")");
+    }
+  }
 }
 
 std::string message_content(const json& content, size_t index) {
@@ -209,7 +339,15 @@ ApiRequest parse_chat_request(const json& body, const RequestLimits& limits,
     r.messages.push_back({m["role"].get<std::string>(),
                           message_content(m.contains("content") ? m["content"] : json(), i)});
   }
+  reject_unknown_fields(body, /*chat=*/true);
   parse_common(body, limits, server_kv, &r);
+  r.options.logprobs = get_bool(body, "logprobs").value_or(false);
+  if (auto top = get_int(body, "top_logprobs", 0, 20)) {
+    if (!r.options.logprobs) {
+      throw invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    }
+    r.options.top_logprobs = static_cast<int>(*top);
+  }
   return r;
 }
 
@@ -226,7 +364,12 @@ ApiRequest parse_completion_request(const json& body, const RequestLimits& limit
     throw invalid("prompt", "'prompt' must be a string (or an array of one string)");
   }
   r.prompt = prompt->get<std::string>();
+  reject_unknown_fields(body, /*chat=*/false);
   parse_common(body, limits, server_kv, &r);
+  if (auto n = get_int(body, "logprobs", 0, 5)) {  // completions: how many top tokens
+    r.options.logprobs = true;
+    r.options.top_logprobs = static_cast<int>(*n);
+  }
   return r;
 }
 

@@ -105,6 +105,74 @@ void answer_errors(httplib::Response& res, Fn fn) {
   }
 }
 
+// The logprobs of a response's tokens, in OpenAI's shape: chat {"content": [{token, logprob,
+// bytes, top_logprobs}]} or legacy completions {tokens, token_logprobs, top_logprobs,
+// text_offset}. Streams take() the entries gathered since their last event.
+// Characters (code points) of UTF-8 text.
+int64_t utf8_length(const std::string& s) {
+  return std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xC0) != 0x80; });
+}
+
+class LogprobsJson {
+ public:
+  LogprobsJson(const Engine& engine, bool chat, int64_t text_offset)
+      : engine_(&engine), chat_(chat), offset_(text_offset) {
+    clear();
+  }
+
+  void add(const GenerationChunk& c) {
+    const std::string text = token_text(c.token);
+    if (chat_) {
+      json top = json::array();
+      for (const TokenLogprob& t : c.top_logprobs)
+        top.push_back(entry(token_text(t.token), t.logprob));
+      json e = entry(text, c.logprob);
+      e["top_logprobs"] = std::move(top);
+      out_["content"].push_back(std::move(e));
+    } else {
+      json top = json::object();
+      for (const TokenLogprob& t : c.top_logprobs) top[token_text(t.token)] = t.logprob;
+      out_["tokens"].push_back(text);
+      out_["token_logprobs"].push_back(c.logprob);
+      out_["top_logprobs"].push_back(std::move(top));
+      out_["text_offset"].push_back(offset_);
+      offset_ += utf8_length(text);
+    }
+    ++count_;
+  }
+  bool empty() const { return count_ == 0; }
+  json take() {
+    json out = std::move(out_);
+    clear();
+    return out;
+  }
+
+ private:
+  static json entry(const std::string& text, float logprob) {
+    return {{"token", text},
+            {"logprob", logprob},
+            {"bytes", std::vector<int>(text.begin(), text.end())}};
+  }
+  std::string token_text(int32_t id) const {
+    const int32_t ids[] = {id};
+    return engine_->decode(ids);
+  }
+  void clear() {
+    count_ = 0;
+    out_ = chat_ ? json{{"content", json::array()}, {"refusal", nullptr}}
+                 : json{{"tokens", json::array()},
+                        {"token_logprobs", json::array()},
+                        {"top_logprobs", json::array()},
+                        {"text_offset", json::array()}};
+  }
+
+  const Engine* engine_;
+  bool chat_;
+  int64_t offset_;
+  size_t count_ = 0;
+  json out_;
+};
+
 std::string sse(const json& event) {
   return "data: " + dump(event) + "\n\n";
 }
@@ -218,6 +286,17 @@ void Server::Impl::install_routes() {
     res.set_content(dump(json({{"object", "list"}, {"data", json::array({model_json()})}})),
                     "application/json");
   });
+  http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    if (id != options.model_id) {
+      send_error(res, 404,
+                 str_cat("the model '", id, "' does not exist; this server serves '",
+                         options.model_id, "'"),
+                 "invalid_request_error", "model", "model_not_found");
+      return;
+    }
+    res.set_content(dump(model_json()), "application/json");
+  });
   http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_text(), "text/plain; version=0.0.4");
   });
@@ -292,8 +371,9 @@ void Server::Impl::completion(const std::string& text, httplib::Response& res, b
                      {"created", static_cast<int64_t>(std::time(nullptr))},
                      {"model", options.model_id}};
   // One choice: a chat delta or a completion text.
-  auto choice = [chat](const std::string& text, FinishReason reason, bool with_role) {
-    json c = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  auto choice = [chat](const std::string& text, FinishReason reason, bool with_role,
+                       json logprobs = nullptr) {
+    json c = {{"index", 0}, {"logprobs", std::move(logprobs)}, {"finish_reason", nullptr}};
     if (reason != FinishReason::kNone) c["finish_reason"] = finish_reason_name(reason);
     if (chat) {
       c["delta"] = json::object();
@@ -312,9 +392,11 @@ void Server::Impl::completion(const std::string& text, httplib::Response& res, b
     if (connection) http.registry().set_hangup_handler(connection, [stream] { stream->cancel(); });
     GenerationResult result;
     GenerationChunk chunk;
+    LogprobsJson logprobs(engine, chat, chat ? 0 : utf8_length(r.prompt));
     while (stream->next(&chunk)) {
       result.text += chunk.text;
       if (chunk.token >= 0) result.tokens.push_back(chunk.token);
+      if (chunk.token >= 0 && r.options.logprobs) logprobs.add(chunk);
       if (chunk.done) {
         result.finish_reason = chunk.finish_reason;
         result.stats = chunk.stats;
@@ -323,7 +405,7 @@ void Server::Impl::completion(const std::string& text, httplib::Response& res, b
     if (connection) http.registry().set_hangup_handler(connection, nullptr);
     json out = base;
     json c = {{"index", 0},
-              {"logprobs", nullptr},
+              {"logprobs", r.options.logprobs ? logprobs.take() : json()},
               {"finish_reason", finish_reason_name(result.finish_reason)}};
     if (chat) {
       out["object"] = "chat.completion";
@@ -342,8 +424,11 @@ void Server::Impl::completion(const std::string& text, httplib::Response& res, b
   struct State {
     bool role_sent = false;
     bool finished = false;
+    LogprobsJson logprobs;
   };
-  auto state = std::make_shared<State>();
+  auto state = std::make_shared<State>(
+      State{false, false, LogprobsJson(engine, chat, chat ? 0 : utf8_length(r.prompt))});
+  const bool want_logprobs = r.options.logprobs;
   const bool include_usage = r.include_usage;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
@@ -364,6 +449,7 @@ void Server::Impl::completion(const std::string& text, httplib::Response& res, b
         try {
           do {
             stream->next(&c);
+            if (c.token >= 0 && want_logprobs) state->logprobs.add(c);
           } while (c.text.empty() && !c.done);
         } catch (const std::exception& e) {
           state->finished = true;
@@ -372,12 +458,16 @@ void Server::Impl::completion(const std::string& text, httplib::Response& res, b
           sink.done();
           return true;
         }
+        // The logprobs of the tokens since the last event go with the next event.
+        auto logprobs = [&]() -> json {
+          return want_logprobs && !state->logprobs.empty() ? state->logprobs.take() : json();
+        };
         if (!c.text.empty()) {
-          out += event(json::array({choice(c.text, FinishReason::kNone, false)}));
+          out += event(json::array({choice(c.text, FinishReason::kNone, false, logprobs())}));
         }
         if (c.done) {
           state->finished = true;
-          out += event(json::array({choice("", c.finish_reason, false)}));
+          out += event(json::array({choice("", c.finish_reason, false, logprobs())}));
           if (include_usage) {
             json u = base;
             u["choices"] = json::array();

@@ -153,6 +153,88 @@ TEST(OpenAIRequest, BodyParsingRefusesDeepNestingAndBadJson) {
   EXPECT_TRUE(parse_request_body(chat().dump()).is_object());
 }
 
+json completion(json extra = json::object()) {
+  json body = {{"model", "m"}, {"prompt", "p"}};
+  body.update(extra);
+  return body;
+}
+
+std::string bad_completion_param(const json& body) {
+  try {
+    parse_completion_request(body, {}, {});
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    return e.param.value_or("<none>");
+  }
+  return "";
+}
+
+TEST(OpenAIRequest, UnsupportedParametersAreNamed400s) {
+  EXPECT_EQ(bad_param(chat({{"response_format", {{"type", "json_object"}}}})), "response_format");
+  EXPECT_EQ(bad_param(chat({{"tools", {{{"type", "function"}}}}})), "tools");
+  EXPECT_EQ(bad_param(chat({{"tool_choice", "auto"}})), "tool_choice");
+  EXPECT_EQ(bad_param(chat({{"parallel_tool_calls", true}})), "parallel_tool_calls");
+  EXPECT_EQ(bad_param(chat({{"echo", true}})), "echo");  // completions only
+  EXPECT_EQ(bad_param(chat({{"stream_options", {{"include_obfuscation", true}}}})),
+            "stream_options.include_obfuscation");
+  EXPECT_EQ(bad_completion_param(completion({{"echo", true}})), "echo");
+  EXPECT_EQ(bad_completion_param(completion({{"best_of", 3}})), "best_of");
+  EXPECT_EQ(bad_completion_param(completion({{"suffix", "}"}})), "suffix");
+  EXPECT_EQ(bad_completion_param(completion({{"messages", json::array()}})), "messages");
+  EXPECT_EQ(bad_completion_param(completion({{"top_logprobs", 1}})), "top_logprobs");
+  // The values that ask for nothing pass.
+  EXPECT_EQ(bad_param(chat({{"response_format", {{"type", "text"}}},
+                            {"tools", json::array()},
+                            {"tool_choice", "none"},
+                            {"user", "u"}})),
+            "");
+  EXPECT_EQ(bad_completion_param(completion({{"echo", false}, {"best_of", 1}, {"suffix", ""}})),
+            "");
+}
+
+TEST(OpenAIRequest, SamplingExtrasAndLogprobs) {
+  const auto r = parse_chat_request(chat({{"presence_penalty", 1.5},
+                                          {"frequency_penalty", -0.5},
+                                          {"logit_bias", {{"7", -100}, {"42", 2.5}}},
+                                          {"logprobs", true},
+                                          {"top_logprobs", 4},
+                                          {"seed", 18446744073709551615ull}}),
+                                    {}, {});
+  EXPECT_EQ(r.options.sampling.presence_penalty, 1.5);
+  EXPECT_EQ(r.options.sampling.frequency_penalty, -0.5);
+  EXPECT_EQ(r.options.sampling.logit_bias,
+            (std::vector<std::pair<int32_t, double>>{{42, 2.5}, {7, -100.0}}));
+  EXPECT_TRUE(r.options.logprobs);
+  EXPECT_EQ(r.options.top_logprobs, 4);
+  EXPECT_EQ(r.options.sampling.seed, 18446744073709551615ull);
+  const auto c = parse_completion_request(completion({{"logprobs", 3}}), {}, {});
+  EXPECT_TRUE(c.options.logprobs);
+  EXPECT_EQ(c.options.top_logprobs, 3);
+  EXPECT_FALSE(parse_completion_request(completion(), {}, {}).options.logprobs);
+
+  EXPECT_EQ(bad_param(chat({{"presence_penalty", 2.5}})), "presence_penalty");
+  EXPECT_EQ(bad_param(chat({{"frequency_penalty", "x"}})), "frequency_penalty");
+  EXPECT_EQ(bad_param(chat({{"logit_bias", {{"x", 1}}}})), "logit_bias");
+  EXPECT_EQ(bad_param(chat({{"logit_bias", {{"-1", 1}}}})), "logit_bias");
+  EXPECT_EQ(bad_param(chat({{"logit_bias", {{"5", 150}}}})), "logit_bias");
+  EXPECT_EQ(bad_param(chat({{"logit_bias", json::array()}})), "logit_bias");
+  EXPECT_EQ(bad_param(chat({{"top_logprobs", 2}})), "top_logprobs");  // needs logprobs
+  EXPECT_EQ(bad_param(chat({{"logprobs", true}, {"top_logprobs", 21}})), "top_logprobs");
+  EXPECT_EQ(bad_param(chat({{"logprobs", 1}})), "logprobs");
+  EXPECT_EQ(bad_completion_param(completion({{"logprobs", 6}})), "logprobs");
+}
+
+TEST(OpenAIRequest, IntegersThatWouldWrapAre400s) {
+  EXPECT_EQ(bad_param(chat({{"top_k", int64_t(1) << 32}})), "top_k");
+  EXPECT_EQ(bad_param(chat({{"top_k", -1}})), "top_k");
+  EXPECT_EQ(bad_param(chat({{"max_tokens", 18446744073709551615ull}})), "max_tokens");
+  EXPECT_EQ(bad_param(chat({{"kv_bits", 4}, {"kv_group_size", int64_t(1) << 40}})),
+            "kv_group_size");
+  EXPECT_EQ(bad_param(chat({{"quantized_kv_start", -1}})), "quantized_kv_start");
+  EXPECT_EQ(bad_param(chat({{"n", int64_t(1) << 40}})), "n");
+  EXPECT_EQ(parse_chat_request(chat({{"top_k", 40}}), {}, {}).options.sampling.top_k, 40);
+}
+
 TEST(OpenAIRequest, CompletionPromptIsAStringOrOneStringArray) {
   EXPECT_EQ(parse_completion_request({{"prompt", "a"}}, {}, {}).prompt, "a");
   EXPECT_EQ(parse_completion_request({{"prompt", {"b"}}}, {}, {}).prompt, "b");

@@ -360,6 +360,15 @@ test('deeply nested typed fields get 400s, not a crash', async ({ url, client })
   assert.equal(r.object, 'text_completion');
 });
 
+test('models.retrieve and an unknown model id', async ({ url, client }) => {
+  const model = await client.models.retrieve('tinycode-llama');
+  assert.equal(model.id, 'tinycode-llama');
+  assert.equal(model.object, 'model');
+  const missing = await curl(`${url}/v1/models/gpt-4`);
+  assertOpenAIError(missing, 404, 'unknown model');
+  assert.equal(missing.json.error.code, 'model_not_found');
+});
+
 test('the body limit holds for chunked bodies too (413), and the server keeps serving',
      async ({ url }) => {
   const post = (body, chunked) => curl(`${url}/v1/completions`, { method: 'POST', body, chunked });
@@ -370,6 +379,101 @@ test('the body limit holds for chunked bodies too (413), and the server keeps se
   assertOpenAIError(await post(' '.repeat(20 << 20), true), 413, '20 MB of spaces, chunked');
   assertOpenAIError(await post(big, false), 413, 'Content-Length body over the limit');
   assert.equal((await curl(`${url}/health`)).status, 200);
+});
+
+test('unsupported OpenAI parameters are 400s naming them', async ({ url }) => {
+  const post = (path, body) => curl(`${url}${path}`, { method: 'POST', body });
+  for (const [path, base, extra, param] of [
+    ['/v1/chat/completions', chatParams, { response_format: { type: 'json_object' } },
+     'response_format'],
+    ['/v1/chat/completions', chatParams,
+     { tools: [{ type: 'function', function: { name: 'f' } }] }, 'tools'],
+    ['/v1/chat/completions', chatParams, { tool_choice: 'auto' }, 'tool_choice'],
+    ['/v1/chat/completions', chatParams, { functions: [] }, 'functions'],
+    ['/v1/chat/completions', chatParams, { frobnicate: 1 }, 'frobnicate'],
+    ['/v1/completions', completionParams, { echo: true }, 'echo'],
+    ['/v1/completions', completionParams, { best_of: 2 }, 'best_of'],
+    ['/v1/completions', completionParams, { suffix: 'x' }, 'suffix'],
+    ['/v1/completions', completionParams, { top_logprobs: 2 }, 'top_logprobs'],
+    ['/v1/completions', completionParams, { presence_penalty: 2.5 }, 'presence_penalty'],
+    ['/v1/completions', completionParams, { frequency_penalty: -3 }, 'frequency_penalty'],
+    ['/v1/completions', completionParams, { logit_bias: { 99999: 1 } }, 'logit_bias'],
+    ['/v1/completions', completionParams, { logit_bias: { 5: 101 } }, 'logit_bias'],
+    ['/v1/completions', completionParams, { logprobs: 6 }, 'logprobs'],
+    ['/v1/chat/completions', chatParams, { logprobs: true, top_logprobs: 21 }, 'top_logprobs'],
+    ['/v1/chat/completions', chatParams, { top_logprobs: 2 }, 'top_logprobs'],
+    // Integers that would wrap when stored.
+    ['/v1/completions', completionParams, { top_k: 2 ** 32 }, 'top_k'],
+    ['/v1/completions', completionParams, { kv_bits: 4, kv_group_size: 2 ** 40 }, 'kv_group_size'],
+    ['/v1/completions', completionParams, { max_tokens: 2 ** 63 }, 'max_tokens'],
+  ]) {
+    const res = await post(path, { ...base, max_tokens: 2, ...extra });
+    assertOpenAIError(res, 400, JSON.stringify(extra));
+    assert.equal(res.json.error.param, param, JSON.stringify(extra));
+  }
+  // The values that ask for nothing are accepted.
+  for (const extra of [{ response_format: { type: 'text' } }, { tools: [] }, { tool_choice: 'none' },
+                       { user: 'u' }, { n: 1 }]) {
+    const res = await post('/v1/chat/completions', { ...chatParams, max_tokens: 2, ...extra });
+    assert.equal(res.status, 200, `${JSON.stringify(extra)}: ${res.text}`);
+  }
+  for (const extra of [{ echo: false }, { best_of: 1 }, { suffix: '' }]) {
+    const res = await post('/v1/completions', { ...completionParams, max_tokens: 2, ...extra });
+    assert.equal(res.status, 200, `${JSON.stringify(extra)}: ${res.text}`);
+  }
+});
+
+test('logprobs: chat (plain and streamed) and completions, greedy tokens on top',
+     async ({ client }) => {
+  const chat = await client.chat.completions.create(
+    { ...chatParams, max_tokens: 12, logprobs: true, top_logprobs: 3 });
+  const content = chat.choices[0].logprobs.content;
+  assert.equal(content.length, chat.usage.completion_tokens);
+  for (const e of content) {
+    assert.ok(e.logprob <= 0 && Number.isFinite(e.logprob));
+    assert.equal(e.top_logprobs.length, 3);
+    assert.deepEqual(e.bytes, [...Buffer.from(e.token, 'utf8')]);
+    for (let i = 1; i < 3; ++i) assert.ok(e.top_logprobs[i - 1].logprob >= e.top_logprobs[i].logprob);
+    assert.equal(e.top_logprobs[0].logprob, e.logprob, 'greedy picks the most likely token');
+  }
+  const stream = await client.chat.completions.create(
+    { ...chatParams, max_tokens: 12, logprobs: true, top_logprobs: 3, stream: true });
+  const streamed = [];
+  for await (const chunk of stream) streamed.push(...(chunk.choices[0]?.logprobs?.content ?? []));
+  assert.deepEqual(streamed.map((e) => [e.token, e.logprob]), content.map((e) => [e.token, e.logprob]));
+
+  const plain = await client.completions.create({ ...completionParams, max_tokens: 10, logprobs: 2 });
+  const lp = plain.choices[0].logprobs;
+  assert.equal(lp.tokens.length, plain.usage.completion_tokens);
+  assert.equal(lp.token_logprobs.length, lp.tokens.length);
+  assert.equal(lp.top_logprobs.length, lp.tokens.length);
+  assert.equal(lp.text_offset.length, lp.tokens.length);
+  assert.ok(lp.top_logprobs.every((t) => Object.keys(t).length <= 2));
+  // Without the parameter: null, as OpenAI sends.
+  const none = await client.completions.create({ ...completionParams, max_tokens: 2 });
+  assert.equal(none.choices[0].logprobs, null);
+});
+
+test('logit_bias and presence/frequency penalties change the greedy tokens', async ({ client }) => {
+  const base = { ...completionParams, max_tokens: 8, logprobs: 1 };
+  const plain = await client.completions.create(base);
+  const first = plain.choices[0].logprobs.tokens[0];
+  // Bias: +100 on one token makes every greedy step pick it.
+  const forced = await client.completions.create({ ...base, logit_bias: { 42: 100 } });
+  const forcedTokens = forced.choices[0].logprobs.tokens;
+  assert.ok(forcedTokens.length === 8 && forcedTokens.every((t) => t === forcedTokens[0]),
+            JSON.stringify(forcedTokens));
+  // -100 on that token: it never comes.
+  const banned = await client.completions.create({ ...base, logit_bias: { 42: -100 } });
+  assert.ok(!banned.choices[0].logprobs.tokens.includes(forcedTokens[0]));
+  assert.notEqual(first, undefined);
+  // Code repeats tokens (indentation, brackets): penalizing repeats changes the greedy text.
+  const long = { ...completionParams, max_tokens: 48 };
+  const unpenalized = (await client.completions.create(long)).choices[0].text;
+  for (const penalty of [{ frequency_penalty: 2 }, { presence_penalty: 2 }]) {
+    const penalized = (await client.completions.create({ ...long, ...penalty })).choices[0].text;
+    assert.notEqual(penalized, unpenalized, JSON.stringify(penalty));
+  }
 });
 
 test('a client that hangs up cancels its request, plain or streamed; metrics go idle',
