@@ -3,8 +3,9 @@
 //   text = turbokv.generate(model, processor, prompt, kv_bits=3.5, max_tokens=200)
 //   for chunk in turbokv.stream_generate(model, processor, prompt): print(chunk.text, end="")
 // KV options given to load() are the defaults; the same options given to generate() override
-// them for that call. InvalidArgument -> ValueError, other errors -> RuntimeError. Generation
-// runs with the GIL released.
+// them for that call. InvalidArgument -> ValueError, other errors -> RuntimeError; an argument
+// of the wrong type is a TypeError and one out of range a ValueError, both naming it.
+// Generation runs with the GIL released; Ctrl-C (KeyboardInterrupt) cancels a blocking call.
 //
 // Prompt caches (mlx-lm's make_prompt_cache / save_prompt_cache / load_prompt_cache): a
 // session of the engine that generate(..., prompt_cache=cache) runs on and leaves its KV in,
@@ -17,6 +18,8 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <chrono>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -45,14 +48,7 @@ struct Processor {
     return engine->encode(text, add_special_tokens);
   }
   std::string decode(const std::vector<int32_t>& ids) const { return engine->decode(ids); }
-  std::string apply_chat_template(const py::list& messages) const {
-    std::vector<ChatMessage> m;
-    for (const auto& item : messages) {
-      const auto d = item.cast<py::dict>();
-      m.push_back({d["role"].cast<std::string>(), d["content"].cast<std::string>()});
-    }
-    return engine->apply_chat_template(m);
-  }
+  std::string apply_chat_template(const py::list& messages) const;
 };
 
 // One streamed piece, named like mlx-vlm's GenerationResult.
@@ -87,16 +83,68 @@ GenerationResponse response_of(const GenerationChunk& c) {
   return r;
 }
 
+// How long a blocking call waits on the engine between checks for Ctrl-C.
+constexpr std::chrono::milliseconds kSignalPoll{50};
+
+std::string type_name(const py::handle& value) {
+  return py::str(py::type::handle_of(value).attr("__name__")).cast<std::string>();
+}
+
+// An int argument in [lo, hi]: TypeError for another type (bool included), ValueError out of
+// range, both naming the argument.
+int64_t int_arg(const py::handle& value, const char* name, int64_t lo, int64_t hi) {
+  if (py::isinstance<py::bool_>(value) || !py::isinstance<py::int_>(value)) {
+    throw py::type_error(str_cat(name, " must be an int, got ", type_name(value)));
+  }
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+  if (overflow != 0 || v < lo || v > hi) {
+    throw py::value_error(str_cat(name, "=", py::str(value).cast<std::string>(),
+                                  " is out of range [", lo, ", ", hi, "]"));
+  }
+  return v;
+}
+
+uint64_t seed_arg(const py::handle& value, const char* name) {
+  if (py::isinstance<py::bool_>(value) || !py::isinstance<py::int_>(value)) {
+    throw py::type_error(str_cat(name, " must be an int, got ", type_name(value)));
+  }
+  const unsigned long long v = PyLong_AsUnsignedLongLong(value.ptr());
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    throw py::value_error(
+        str_cat(name, "=", py::str(value).cast<std::string>(), " is out of range [0, 2**64 - 1]"));
+  }
+  return v;
+}
+
+double float_arg(const py::handle& value, const char* name) {
+  if (py::isinstance<py::bool_>(value) ||
+      !(py::isinstance<py::int_>(value) || py::isinstance<py::float_>(value))) {
+    throw py::type_error(str_cat(name, " must be a number, got ", type_name(value)));
+  }
+  return value.cast<double>();
+}
+
+bool bool_arg(const py::handle& value, const char* name) {
+  if (!py::isinstance<py::bool_>(value)) {
+    throw py::type_error(str_cat(name, " must be True or False, got ", type_name(value)));
+  }
+  return value.cast<bool>();
+}
+
+std::string str_arg(const py::handle& value, const char* name) {
+  if (!py::isinstance<py::str>(value)) {
+    throw py::type_error(str_cat(name, " must be a str, got ", type_name(value)));
+  }
+  return value.cast<std::string>();
+}
+
 // kv_bits and friends: a number, a numeric string, or None (not given).
 std::optional<double> bits_arg(const py::object& value, const char* name) {
   if (value.is_none()) return std::nullopt;
   if (py::isinstance<py::str>(value)) return parse_kv_bits(value.cast<std::string>(), name);
-  if (py::isinstance<py::bool_>(value) ||
-      !(py::isinstance<py::int_>(value) || py::isinstance<py::float_>(value))) {
-    throw InvalidArgument(
-        str_cat(name, " must be a number, got ", py::str(value.get_type()).cast<std::string>()));
-  }
-  return value.cast<double>();
+  return float_arg(value, name);
 }
 
 // Applies the KV keyword arguments that were given (not None) on top of base.
@@ -107,19 +155,26 @@ KVOptions kv_options(KVOptions kv, const py::kwargs& kw) {
   if (auto b = bits_arg(get("kv_bits"), "kv_bits")) kv.kv_bits = b;
   if (auto b = bits_arg(get("kv_key_bits"), "kv_key_bits")) kv.kv_key_bits = b;
   if (auto b = bits_arg(get("kv_value_bits"), "kv_value_bits")) kv.kv_value_bits = b;
-  if (auto s = get("kv_quant_scheme"); !s.is_none()) kv.kv_quant_scheme = s.cast<std::string>();
-  if (auto g = get("kv_group_size"); !g.is_none()) kv.kv_group_size = g.cast<int>();
-  if (auto s = get("quantized_kv_start"); !s.is_none()) kv.quantized_kv_start = s.cast<int64_t>();
-  if (auto s = get("kv_seed"); !s.is_none()) kv.seed = s.cast<uint64_t>();
+  if (auto s = get("kv_quant_scheme"); !s.is_none()) {
+    kv.kv_quant_scheme = str_arg(s, "kv_quant_scheme");
+  }
+  if (auto g = get("kv_group_size"); !g.is_none()) {
+    kv.kv_group_size = static_cast<int>(int_arg(g, "kv_group_size", 1, INT32_MAX));
+  }
+  if (auto s = get("quantized_kv_start"); !s.is_none()) {
+    kv.quantized_kv_start = int_arg(s, "quantized_kv_start", 0, INT64_MAX);
+  }
+  if (auto s = get("kv_seed"); !s.is_none()) kv.seed = seed_arg(s, "kv_seed");
+
   return kv;  // the engine resolves (and validates) it once per load or request
 }
 
 const char* const kKVArgs[] = {"kv_bits",         "kv_key_bits",   "kv_value_bits",
                                "kv_quant_scheme", "kv_group_size", "quantized_kv_start",
                                "kv_seed"};
-const char* const kGenerateArgs[] = {"max_tokens", "temperature",        "top_p", "top_k",
-                                     "min_p",      "repetition_penalty", "seed",  "stop",
-                                     "ignore_eos", "prompt_cache"};
+const char* const kGenerateArgs[] = {
+    "max_tokens",       "temperature",       "top_p", "top_k", "min_p",      "repetition_penalty",
+    "presence_penalty", "frequency_penalty", "seed",  "stop",  "ignore_eos", "prompt_cache"};
 
 void check_kwargs(const py::kwargs& kw, bool generation) {
   for (const auto& [key, value] : kw) {
@@ -137,23 +192,35 @@ GenerateOptions generate_options(const Engine& engine, const py::kwargs& kw) {
   check_kwargs(kw, /*generation=*/true);
   GenerateOptions o;
   auto arg = [&](const char* name) { return kw.contains(name) && !kw[name].is_none(); };
-  if (arg("max_tokens")) o.max_tokens = kw["max_tokens"].cast<int>();
-  if (arg("temperature")) o.sampling.temperature = kw["temperature"].cast<double>();
-  if (arg("top_p")) o.sampling.top_p = kw["top_p"].cast<double>();
-  if (arg("top_k")) o.sampling.top_k = kw["top_k"].cast<int>();
-  if (arg("min_p")) o.sampling.min_p = kw["min_p"].cast<double>();
-  if (arg("repetition_penalty")) {
-    o.sampling.repetition_penalty = kw["repetition_penalty"].cast<double>();
+  if (arg("max_tokens")) {
+    o.max_tokens = static_cast<int>(int_arg(kw["max_tokens"], "max_tokens", 1, INT32_MAX));
   }
-  if (arg("seed")) o.sampling.seed = kw["seed"].cast<uint64_t>();
+  SamplingOptions& s = o.sampling;
+  if (arg("temperature")) s.temperature = float_arg(kw["temperature"], "temperature");
+  if (arg("top_p")) s.top_p = float_arg(kw["top_p"], "top_p");
+  if (arg("top_k")) s.top_k = static_cast<int>(int_arg(kw["top_k"], "top_k", 0, INT32_MAX));
+  if (arg("min_p")) s.min_p = float_arg(kw["min_p"], "min_p");
+  if (arg("repetition_penalty")) {
+    s.repetition_penalty = float_arg(kw["repetition_penalty"], "repetition_penalty");
+  }
+  if (arg("presence_penalty")) {
+    s.presence_penalty = float_arg(kw["presence_penalty"], "presence_penalty");
+  }
+  if (arg("frequency_penalty")) {
+    s.frequency_penalty = float_arg(kw["frequency_penalty"], "frequency_penalty");
+  }
+  if (arg("seed")) s.seed = seed_arg(kw["seed"], "seed");
   if (arg("stop")) {
-    if (py::isinstance<py::str>(kw["stop"])) {
-      o.stop = {kw["stop"].cast<std::string>()};
+    const py::object stop = kw["stop"];
+    if (py::isinstance<py::str>(stop)) {
+      o.stop = {stop.cast<std::string>()};
+    } else if (py::isinstance<py::list>(stop) || py::isinstance<py::tuple>(stop)) {
+      for (const auto& item : stop) o.stop.push_back(str_arg(item, "stop items"));
     } else {
-      o.stop = kw["stop"].cast<std::vector<std::string>>();
+      throw py::type_error(str_cat("stop must be a str or a list of str, got ", type_name(stop)));
     }
   }
-  if (arg("ignore_eos")) o.ignore_eos = kw["ignore_eos"].cast<bool>();
+  if (arg("ignore_eos")) o.ignore_eos = bool_arg(kw["ignore_eos"], "ignore_eos");
   const bool kv_given = std::any_of(std::begin(kKVArgs), std::end(kKVArgs),
                                     [&](const char* name) { return arg(name); });
   if (arg("prompt_cache")) {
@@ -174,9 +241,12 @@ GenerateOptions generate_options(const Engine& engine, const py::kwargs& kw) {
 // metadata dict[str, str] <-> the session's metadata text (a JSON object).
 std::string metadata_text(const py::object& metadata) {
   if (metadata.is_none()) return "";
+  if (!py::isinstance<py::dict>(metadata)) {
+    throw py::type_error(str_cat("metadata must be a dict of str, got ", type_name(metadata)));
+  }
   nlohmann::json j = nlohmann::json::object();
-  for (const auto& [key, value] : metadata.cast<py::dict>()) {
-    j[key.cast<std::string>()] = value.cast<std::string>();
+  for (const auto& [key, value] : py::reinterpret_borrow<py::dict>(metadata)) {
+    j[str_arg(key, "metadata keys")] = str_arg(value, "metadata values");
   }
   return j.dump();
 }
@@ -193,34 +263,89 @@ py::dict metadata_dict(const std::string& text) {
 
 std::vector<int32_t> prompt_tokens(const Engine& engine, const py::object& prompt) {
   if (py::isinstance<py::str>(prompt)) return engine.encode(prompt.cast<std::string>());
-  return prompt.cast<std::vector<int32_t>>();
+  if (!py::isinstance<py::list>(prompt) && !py::isinstance<py::tuple>(prompt)) {
+    throw py::type_error(
+        str_cat("prompt must be a str or a list of token ids, got ", type_name(prompt)));
+  }
+  std::vector<int32_t> ids;
+  for (const auto& item : prompt) {
+    ids.push_back(static_cast<int32_t>(int_arg(item, "prompt token ids", 0, INT32_MAX)));
+  }
+  return ids;
 }
 
-// Iterator over a running request; dropping it cancels the request.
+// Waits for the stream's next chunk with the GIL released, checking for Ctrl-C every
+// kSignalPoll: an interrupt cancels the request and raises KeyboardInterrupt here.
+bool next_interruptible(GenerationStream& stream, GenerationChunk* chunk) {
+  for (;;) {
+    StreamWait r;
+    {
+      py::gil_scoped_release release;
+      r = stream.next_for(chunk, kSignalPoll);
+    }
+    if (r != StreamWait::kTimeout) return r == StreamWait::kChunk;
+    if (PyErr_CheckSignals() != 0) {
+      stream.cancel();
+      throw py::error_already_set();
+    }
+  }
+}
+
+// Iterator over a running request; dropping it cancels the request. Several threads may
+// consume one iterator: each chunk goes to one of them, and all see StopIteration at the end.
 class StreamIterator {
  public:
   StreamIterator(std::shared_ptr<Engine> engine, std::unique_ptr<GenerationStream> stream)
-      : engine_(std::move(engine)), stream_(std::move(stream)) {}
+      : engine_(std::move(engine)),
+        stream_(std::move(stream)),
+        mu_(std::make_shared<std::mutex>()) {}
 
   GenerationResponse next() {
+    std::unique_lock<std::mutex> lock(*mu_, std::defer_lock);
+    {
+      py::gil_scoped_release release;  // never wait for the lock holding the GIL
+      lock.lock();
+    }
+    if (finished_) throw py::stop_iteration();
     GenerationChunk chunk;
     bool more = false;
-    {
-      py::gil_scoped_release release;
-      do {
-        more = stream_->next(&chunk);
-      } while (more && chunk.token < 0 && !chunk.done);  // skip prefill progress
+    do {
+      more = next_interruptible(*stream_, &chunk);
+    } while (more && chunk.token < 0 && !chunk.done);  // skip prefill progress
+    if (!more) {
+      finished_ = true;
+      throw py::stop_iteration();
     }
-    if (!more) throw py::stop_iteration();
     return response_of(chunk);
   }
 
  private:
   std::shared_ptr<Engine> engine_;  // outlives the stream
   std::unique_ptr<GenerationStream> stream_;
+  std::shared_ptr<std::mutex> mu_;  // pybind11 copies may move the iterator: keep one mutex
+  bool finished_ = false;
 };
 
 }  // namespace
+
+std::string Processor::apply_chat_template(const py::list& messages) const {
+  std::vector<ChatMessage> m;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const py::handle item = messages[i];
+    const std::string name = str_cat("messages[", i, "]");
+    if (!py::isinstance<py::dict>(item)) {
+      throw py::type_error(
+          str_cat(name, " must be a dict with 'role' and 'content', got ", type_name(item)));
+    }
+    const auto d = py::reinterpret_borrow<py::dict>(item);
+    for (const char* key : {"role", "content"}) {
+      if (!d.contains(key)) throw py::value_error(str_cat(name, " has no '", key, "'"));
+    }
+    m.push_back({str_arg(d["role"], (name + "['role']").c_str()),
+                 str_arg(d["content"], (name + "['content']").c_str())});
+  }
+  return engine->apply_chat_template(m);
+}
 
 PYBIND11_MODULE(turbokv, m) {
   m.doc() = "turbokv: LLM inference with TurboQuant KV-cache compression";
@@ -291,8 +416,16 @@ PYBIND11_MODULE(turbokv, m) {
         check_kwargs(kw, /*generation=*/false);
         EngineOptions options;
         options.kv = kv_options(KVOptions{}, kw);
-        const std::string dir =
-            path.is_none() ? std::string(TURBOKV_DEFAULT_MODEL_DIR) : path.cast<std::string>();
+        std::string dir = TURBOKV_DEFAULT_MODEL_DIR;
+        if (!path.is_none()) {  // a str or an os.PathLike
+          const py::object fspath = py::module_::import("os").attr("fspath");
+          if (!py::isinstance<py::str>(path) && !py::hasattr(path, "__fspath__")) {
+            throw py::type_error(
+                str_cat("path must be a str or os.PathLike, got ", type_name(path)));
+          }
+          dir = str_arg(fspath(path), "path");
+        }
+
         std::shared_ptr<Engine> engine;
         {
           py::gil_scoped_release release;
@@ -350,9 +483,11 @@ PYBIND11_MODULE(turbokv, m) {
       "generate",
       [](const PyModel& model, const Processor&, const py::object& prompt, const py::kwargs& kw) {
         const auto options = generate_options(*model.engine, kw);
-        auto tokens = prompt_tokens(*model.engine, prompt);
-        py::gil_scoped_release release;
-        return model.engine->generate(std::move(tokens), options).text;
+        auto stream = model.engine->submit(prompt_tokens(*model.engine, prompt), options);
+        std::string text;
+        GenerationChunk chunk;
+        while (next_interruptible(*stream, &chunk)) text += chunk.text;
+        return text;
       },
       py::arg("model"), py::arg("processor"), py::arg("prompt"),
       "generate(model, processor, prompt, max_tokens=256, temperature=0.0, top_p=1.0, top_k=0, "

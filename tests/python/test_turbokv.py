@@ -2,8 +2,12 @@
 rules and exact KV sizes, streaming, errors as Python exceptions, concurrent calls."""
 import json
 import os
+import signal
 import struct
+import subprocess
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -181,3 +185,90 @@ def test_padded_vocab_ids_are_never_sampled():
         tokens = [c.token for c in chunks if c.token >= 0]
         assert len(tokens) == 200
         assert max(tokens) < 257
+
+
+def test_one_stream_consumed_from_two_threads_ends_for_both(loaded):
+    model, processor = loaded
+    kw = dict(max_tokens=40, ignore_eos=True)
+    solo = [c.token for c in turbokv.stream_generate(model, processor, "import os", **kw)]
+    it = turbokv.stream_generate(model, processor, "import os", **kw)
+    got = [[], []]
+
+    def consume(i):
+        for chunk in it:
+            got[i].append(chunk.token)
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a consumer never saw the end"
+    assert sorted(got[0] + got[1]) == sorted(solo)  # every chunk went to exactly one thread
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_ctrl_c_interrupts_a_blocking_generate():
+    script = (
+        "import signal, sys, time, turbokv\n"
+        # A parent that ignores SIGINT (ctest) makes Python skip its handler: install it.
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "m, p = turbokv.load(sys.argv[1])\n"
+        "print('ready', flush=True)\n"
+        "t0 = time.time()\n"
+        "try:\n"
+        "    turbokv.generate(m, p, 'import os', max_tokens=100000, ignore_eos=True)\n"
+        "    print('finished')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted after %.1f s' % (time.time() - t0))\n")
+    env = dict(os.environ)
+    child = subprocess.Popen([sys.executable, "-c", script, MODEL], stdout=subprocess.PIPE,
+                             text=True, env=env)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(1.0)
+        child.send_signal(signal.SIGINT)
+        out, _ = child.communicate(timeout=30)
+    finally:
+        child.kill()
+    assert out.startswith("interrupted"), out
+    assert child.returncode == 0
+
+
+@pytest.mark.parametrize("kw, error, named", [
+    (dict(max_tokens="8"), TypeError, "max_tokens"),
+    (dict(max_tokens=2 ** 40), ValueError, "max_tokens"),
+    (dict(max_tokens=True), TypeError, "max_tokens"),
+    (dict(top_k=2 ** 32), ValueError, "top_k"),
+    (dict(top_k=1.5), TypeError, "top_k"),
+    (dict(seed=-1), ValueError, "seed"),
+    (dict(seed="s"), TypeError, "seed"),
+    (dict(temperature="hot"), TypeError, "temperature"),
+    (dict(presence_penalty=3.0), ValueError, "presence_penalty"),
+    (dict(stop=5), TypeError, "stop"),
+    (dict(stop=["a", 5]), TypeError, "stop"),
+    (dict(ignore_eos="yes"), TypeError, "ignore_eos"),
+    (dict(kv_bits=4, kv_group_size=2 ** 40), ValueError, "kv_group_size"),
+    (dict(kv_group_size="64"), TypeError, "kv_group_size"),
+    (dict(kv_seed=-5), ValueError, "kv_seed"),
+    (dict(quantized_kv_start=-1), ValueError, "quantized_kv_start"),
+])
+def test_bad_argument_types_and_ranges_name_the_argument(loaded, kw, error, named):
+    model, processor = loaded
+    with pytest.raises(error, match=named):
+        turbokv.generate(model, processor, "x", **kw)
+
+
+def test_bad_prompts_messages_and_paths_are_type_errors(loaded):
+    model, processor = loaded
+    with pytest.raises(TypeError, match="prompt"):
+        turbokv.generate(model, processor, 5)
+    with pytest.raises(ValueError, match="prompt"):
+        turbokv.generate(model, processor, [1, -2])
+    with pytest.raises(TypeError, match=r"messages\[0\]"):
+        processor.apply_chat_template([1])
+    with pytest.raises(TypeError, match=r"messages\[0\]\['content'\]"):
+        processor.apply_chat_template([{"role": "user", "content": 5}])
+    with pytest.raises(TypeError, match="path"):
+        turbokv.load(5)
