@@ -211,6 +211,24 @@ class GuardedPool : public httplib::TaskQueue {
   std::vector<std::thread> workers_;
 };
 
+// A response sent before the client finished its request (413 on a body too large): closing
+// with unread input would reset the connection and could discard the response in flight, so
+// the rest of the request is read and dropped first, for a bounded time and size.
+void linger(int fd) {
+  ::shutdown(fd, SHUT_WR);
+  const auto deadline = Clock::now() + std::chrono::seconds(2);
+  char buffer[16384];
+  size_t dropped = 0;
+  while (dropped < (size_t(8) << 20) && Clock::now() < deadline) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (poll_fd(fd, POLLIN, left) <= 0) break;
+    const ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
+    if (n <= 0) break;
+    dropped += static_cast<size_t>(n);
+  }
+}
+
 void refuse(int fd) {
   static const std::string body =
       R"({"error":{"message":"the server has too many connections; retry later",)"
@@ -370,6 +388,7 @@ bool GuardedHttpServer::process_and_close_socket(socket_t sock) {
   }
   t_connection = nullptr;
   registry_.remove(&conn);
+  if (conn.close_after_response && !conn.closed_by_guard) linger(sock);
   ::shutdown(sock, SHUT_RDWR);
   ::close(sock);
   return ok;
