@@ -3,7 +3,7 @@
 # compute-sanitizer memcheck on the test binary, the attention benchmark, per-block timelines
 # of single calls, and an ncu profile of the TurboQuant kernel at batch 1, 128k. Logs go to
 # OUT_DIR; the benchmark table also to bench/results/<date>-<gpu>-attention.txt. Every step
-# has a time limit, so a hung kernel costs minutes, not the whole device session.
+# has a time limit, so a hung kernel costs minutes, not the whole run.
 # usage: bench/cuda/run_device.sh BIN_DIR OUT_DIR    (BIN_DIR: cuda_tests and
 #        libturbokv_cuda_bench.so, built with `cmake --build build --target cuda_tests
 #        turbokv_cuda_bench`)

@@ -7,8 +7,8 @@
 // workspace is all zero again for the next call.
 //
 // Why split 0 polls the data: the data is its own "ready" flag (kPartialKey), so a split's
-// partial reaches the merger with no fence, flag or counter round trip after it (measured:
-// bench/results/2026-11-30-h200-attention-fixed-costs.txt). Waiting needs the other splits to
+// partial reaches the merger with no fence, flag or counter round trip after it (measured
+// faster; docs/kernels.md, "CUDA attention"). Waiting needs the other splits to
 // run while split 0 waits: with 2 or more splits launch.cc plans at most as many blocks as the
 // whole device holds at once, a merger (one per row group) waits only for blocks of its own
 // row group, and those never wait, so any block that is not yet resident gets an SM as soon as

@@ -11,7 +11,7 @@
 //  - accumulates value norm * p * c[idx] in the rotated frame (MMA).
 // Split 0's block of each row group merges the splits and rotates back (merge.cuh).
 //
-// Why this shape (measured on an H200, bench/results/2026-11-30-h200-attention-*.txt): shared
+// Why this shape (measured on an H200; docs/kernels.md, "CUDA attention"): shared
 // memory stages (cp.async or bulk copies, 12-16 warps, 2-3 stages), deeper register prefetch,
 // prefetching in the loop and 14-16 warps were all as fast or slower; the loop costs ~500 warp
 // instructions per tile, half of them the operand lookups. Operands from byte_perm lookups in
