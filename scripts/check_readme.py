@@ -10,6 +10,7 @@ README commands (every line of a ```sh block, and every `build/...`, `scripts/..
     data the README says it does not ship and are not checked;
   - with --run, the cheap commands are run for real and must exit 0: `generate` with at most 64
     tokens, `tokenize`, `template`, and the Python one-liners.
+The commands of docs/*.md (```sh blocks) are checked the same way, not run.
 Links: every relative link of README.md and docs/*.md names an existing file, and its #anchor
 a heading of that file.
 Code references: every `docs/NAME.md, "Section"` in src/, include/, bench/, tests/, scripts/,
@@ -43,17 +44,27 @@ class Checker:
 
     # ---- README commands ----
 
-    def readme_commands(self):
-        """(line number, command) for every command line of README.md."""
-        lines = open(os.path.join(self.root, "README.md"), encoding="utf-8").read().split("\n")
+    def commands_of(self, name, spans=True):
+        """(line number, command) for every command line of a Markdown file: the lines of its
+        ```sh blocks (here-documents skipped) and, with spans, its command-like `spans`."""
+        lines = open(os.path.join(self.root, name), encoding="utf-8").read().split("\n")
         out = []
         in_sh = False
+        heredoc = None
         pending, start = "", 0
         for number, line in enumerate(lines, 1):
+            if heredoc is not None:
+                if line.strip() == heredoc:
+                    heredoc = None
+                continue
             if line.startswith("```"):
                 in_sh = line.strip() in ("```sh", "```bash")
                 continue
             if in_sh:
+                m = re.search(r"<<-?\s*'?\"?(\w+)'?\"?", line)
+                if m:
+                    heredoc = m.group(1)
+                    line = line[:m.start()]
                 if not pending:
                     start = number
                 if line.rstrip().endswith("\\"):
@@ -63,6 +74,8 @@ class Checker:
                 pending = ""
                 if command and not command.startswith("#"):
                     out.append((start, command))
+                continue
+            if not spans:
                 continue
             for span in re.findall(r"`([^`]+)`", line):
                 if re.match(r"(build/|scripts/|python3 |PYTHONPATH=)", span):
@@ -257,8 +270,16 @@ def main():
     parser.add_argument("--run", action="store_true", help="also run the cheap commands")
     args = parser.parse_args()
     c = Checker(os.path.abspath(args.root), os.path.abspath(args.build), args.run)
-    for number, command in c.readme_commands():
+    for number, command in c.commands_of("README.md"):
         c.check_command(f"README.md:{number}", command)
+    # The docs' commands are checked the same way but not run (they are the long measurements).
+    run, c.run = c.run, False
+    docs = os.path.join(c.root, "docs")
+    for name in sorted(os.listdir(docs)) if os.path.isdir(docs) else []:
+        if name.endswith(".md"):
+            for number, command in c.commands_of(f"docs/{name}", spans=False):
+                c.check_command(f"docs/{name}:{number}", command)
+    c.run = run
     c.check_links()
     c.check_code_references()
     for e in c.errors:
