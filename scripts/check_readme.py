@@ -9,14 +9,15 @@ README commands (every line of a ```sh block, and every `build/...`, `scripts/..
     exists; `build/...` paths exist in the build folder. Upper-case names (EVAL.txt) stand for
     data the README says it does not ship and are not checked;
   - with --run, the cheap commands are run for real and must exit 0: `generate` with at most 64
-    tokens, `tokenize`, `template`, and the Python one-liners.
+    tokens, `tokenize`, `template`, and the Python one-liners; so are the ```python examples;
+  - the ```cpp examples compile (syntax only) with only include/ on the include path.
 The commands of docs/*.md (```sh blocks) are checked the same way, not run.
 Links: every relative link of README.md and docs/*.md names an existing file, and its #anchor
 a heading of that file.
 Code references: every `docs/NAME.md, "Section"` in src/, include/, bench/, tests/, scripts/,
 cmake/ and CMakeLists.txt names an existing document and a heading of it.
 
-usage: scripts/check_readme.py --build BUILD_DIR [--root REPO] [--run]   exit 1 on any failure
+usage: scripts/check_readme.py --build BUILD_DIR [--root REPO] [--run] [--cxx COMPILER]   exit 1 on any failure
 """
 import argparse
 import functools
@@ -25,6 +26,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 
 REPO_DIRS = ("models/", "tests/", "scripts/", "bench/", "docs/", "include/", "src/", "cmake/")
 CODE_DIRS = ("src", "include", "bench", "tests", "scripts", "cmake")
@@ -243,6 +245,48 @@ class Checker:
                     elif anchor and full.endswith(".md") and anchor not in self.anchors(full):
                         self.error(f"{rel}:{number}", f"link to {target}: no such heading")
 
+    def code_blocks(self, name, language):
+        """(line number, text) of every ```language block of a Markdown file."""
+        text = open(os.path.join(self.root, name), encoding="utf-8").read()
+        out = []
+        for m in re.finditer(r"^```" + language + r"\n(.*?)^```", text, re.S | re.M):
+            out.append((text[:m.start()].count("\n") + 1, m.group(1)))
+        return out
+
+    def check_python_blocks(self):
+        """Runs each ```python block of README.md, in a scratch folder where models/ is the
+        repository's (files the example writes stay there)."""
+        for number, code in self.code_blocks("README.md", "python"):
+            with tempfile.TemporaryDirectory() as scratch:
+                os.symlink(os.path.join(self.root, "models"), os.path.join(scratch, "models"))
+                env = dict(os.environ, PYTHONPATH=os.path.join(self.build, "python"))
+                r = subprocess.run([sys.executable, "-c", code], cwd=scratch, env=env,
+                                   capture_output=True, text=True, timeout=300)
+                self.ran += 1
+                if r.returncode != 0:
+                    self.error(f"README.md:{number}",
+                               f"the Python example fails: {r.stderr.strip()[-400:]}")
+
+    def check_cpp_blocks(self, cxx):
+        """Compiles each ```cpp block of README.md (its #include lines first, the rest as the
+        body of main) with only include/ on the include path."""
+        for number, code in self.code_blocks("README.md", "cpp"):
+            lines = code.split("\n")
+            includes = [l for l in lines if l.startswith("#include")]
+            body = [l for l in lines if not l.startswith("#include")]
+            tu = "\n".join(["#include <cstdio>"] + includes + ["int main() {"] + body +
+                           ["return 0;", "}"])
+            with tempfile.TemporaryDirectory() as scratch:
+                path = os.path.join(scratch, "example.cc")
+                with open(path, "w") as f:
+                    f.write(tu)
+                r = subprocess.run([cxx, "-std=c++20", "-fsyntax-only", "-I",
+                                    os.path.join(self.root, "include"), path],
+                                   capture_output=True, text=True, timeout=120)
+                if r.returncode != 0:
+                    self.error(f"README.md:{number}",
+                               f"the C++ example does not compile: {r.stderr.strip()[-600:]}")
+
     def check_code_references(self):
         paths = [os.path.join(self.root, "CMakeLists.txt")]
         for top in CODE_DIRS:
@@ -268,6 +312,7 @@ def main():
     parser.add_argument("--root", default=os.path.join(os.path.dirname(__file__), ".."))
     parser.add_argument("--build", required=True, help="the build folder (has turbokv)")
     parser.add_argument("--run", action="store_true", help="also run the cheap commands")
+    parser.add_argument("--cxx", default=os.environ.get("CXX", "c++"), help="for the C++ example")
     args = parser.parse_args()
     c = Checker(os.path.abspath(args.root), os.path.abspath(args.build), args.run)
     for number, command in c.commands_of("README.md"):
@@ -280,6 +325,9 @@ def main():
             for number, command in c.commands_of(f"docs/{name}", spans=False):
                 c.check_command(f"docs/{name}:{number}", command)
     c.run = run
+    if c.run:
+        c.check_python_blocks()
+    c.check_cpp_blocks(args.cxx)
     c.check_links()
     c.check_code_references()
     for e in c.errors:
