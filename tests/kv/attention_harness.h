@@ -108,4 +108,23 @@ inline void expect_attention_close(const AttentionCase& c, const std::vector<flo
   EXPECT_LE(worst, tol) << backend << ", " << c.name();
 }
 
+// lse buffers [n_q, n_heads]: |got - expected| <= tol, and -inf exactly where expected is.
+inline std::vector<float> lse_buffer(const AttentionCase& c) {
+  return std::vector<float>(size_t(c.n_q) * c.n_heads(), kCanary);
+}
+inline void expect_lse_close(const AttentionCase& c, const std::vector<float>& expected,
+                             const std::vector<float>& got, double tol,
+                             const std::string& backend) {
+  double worst = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (std::isinf(expected[i])) {
+      ASSERT_EQ(got[i], expected[i]) << backend << " lse row " << i << ", " << c.name();
+      continue;
+    }
+    ASSERT_TRUE(std::isfinite(got[i])) << backend << " lse row " << i << ", " << c.name();
+    worst = std::max(worst, double(std::abs(got[i] - expected[i])));
+  }
+  EXPECT_LE(worst, tol) << backend << " lse, " << c.name();
+}
+
 }  // namespace turbokv::testing

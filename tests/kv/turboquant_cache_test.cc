@@ -34,8 +34,9 @@ TEST(TurboQuantAttention, EveryIsaMatchesReferenceOnDequantizedCache) {
     cache.append(in.k.data() + c.n_past * row, in.v.data() + c.n_past * row, c.n_q);
     const DenseKVCache dequantized = cache.to_dense();
     auto expected = testing::output_buffer(c);
+    auto expected_lse = testing::lse_buffer(c);
     attention_reference(dequantized.view(), AttentionQueries{in.q.data(), c.n_q, c.n_past},
-                        c.params(), expected.data());
+                        c.params(), expected.data(), expected_lse.data());
     const std::string name =
         "turboquant K" + std::to_string(config.key_bits) + " V" + std::to_string(config.value_bits);
     for (AttentionIsa isa : {AttentionIsa::kScalar, AttentionIsa::kAvx2}) {
@@ -43,18 +44,61 @@ TEST(TurboQuantAttention, EveryIsaMatchesReferenceOnDequantizedCache) {
       for (bool avx512vl : {true, false}) {
         attention_detail::allow_avx512vl_lookups(avx512vl);
         auto got = testing::output_buffer(c);
+        auto got_lse = testing::lse_buffer(c);
         attention_turboquant(cache.view(), AttentionQueries{in.q.data(), c.n_q, c.n_past},
-                             c.params(), got.data(), isa);
-        testing::expect_attention_close(c, expected, got, 1e-4,
-                                        name + (isa == AttentionIsa::kScalar ? " scalar"
-                                                : avx512vl                   ? " avx512vl"
-                                                                             : " avx2"));
+                             c.params(), got.data(), isa, got_lse.data());
+        const std::string backend = name + (isa == AttentionIsa::kScalar ? " scalar"
+                                            : avx512vl                   ? " avx512vl"
+                                                                         : " avx2");
+        testing::expect_attention_close(c, expected, got, 1e-4, backend);
+        testing::expect_lse_close(c, expected_lse, got_lse, 1e-4, backend);
       }
       attention_detail::allow_avx512vl_lookups(true);
     }
     auto via_cache = testing::output_buffer(c);
     cache.attend(in.q.data(), c.n_q, c.params(), via_cache.data());
     testing::expect_attention_close(c, expected, via_cache, 1e-4, name + " attend()");
+  }
+}
+
+// The first S tokens attended densely, the rest on codes (a view of a token range), merged by
+// their softmax statistics: equal to attention over the whole dequantized cache.
+TEST(TurboQuantAttention, TokenRangePartialMergesWithADensePart) {
+  const AttentionCase c{128, 2, 4, 700, 1};
+  const int64_t first_part = 4;
+  const auto in = testing::make_inputs(c, 77);
+  for (const TurboQuantKVConfig& config : {kConfigs[0], kConfigs[1]}) {
+    TurboQuantKVCache cache(c.kv_heads, c.head_dim, config);
+    cache.append(in.k.data(), in.v.data(), static_cast<int>(c.n_tokens()));
+    const DenseKVCache dequantized = cache.to_dense();
+    const AttentionQueries queries{in.q.data(), c.n_q, c.n_past};
+    auto expected = testing::output_buffer(c);
+    auto expected_lse = testing::lse_buffer(c);
+    attention_reference(dequantized.view(), queries, c.params(), expected.data(),
+                        expected_lse.data());
+    DenseKVView head = dequantized.view();
+    head.n_tokens = first_part;
+    TurboQuantKVView rest = cache.view();
+    const quant::TurboQuantCodec& key_codec = *rest.keys.codecs[0];
+    const quant::TurboQuantCodec& value_codec = *rest.values.codecs[0];
+    rest.keys.codes += first_part * key_codec.code_bytes();
+    rest.keys.norms += first_part * key_codec.norms_per_vector();
+    rest.values.codes += first_part * value_codec.code_bytes();
+    rest.values.norms += first_part * value_codec.norms_per_vector();
+    rest.n_tokens -= first_part;
+    rest.first_pos = first_part;
+    for (AttentionIsa isa : {AttentionIsa::kScalar, AttentionIsa::kAvx2}) {
+      auto a = testing::output_buffer(c), b = testing::output_buffer(c);
+      auto lse_a = testing::lse_buffer(c), lse_b = testing::lse_buffer(c);
+      attention_dense(head, queries, c.params(), a.data(), isa, lse_a.data());
+      attention_turboquant(rest, queries, c.params(), b.data(), isa, lse_b.data());
+      merge_attention_partials(a.data(), lse_a.data(), b.data(), lse_b.data(),
+                               int64_t(c.n_q) * c.n_heads(), c.head_dim, a.data(), lse_a.data());
+      const std::string name =
+          std::string("dense + turboquant ") + (isa == AttentionIsa::kAvx2 ? "avx2" : "scalar");
+      testing::expect_attention_close(c, expected, a, 1e-4, name);
+      testing::expect_lse_close(c, expected_lse, lse_a, 1e-4, name);
+    }
   }
 }
 

@@ -23,16 +23,20 @@ TEST(UniformAttention, EveryIsaMatchesReferenceOnDequantizedCache) {
     cache.append(in.k.data(), in.v.data(), static_cast<int>(c.n_tokens()));
     const DenseKVCache dequantized = cache.to_dense();
     auto expected = testing::output_buffer(c);
+    auto expected_lse = testing::lse_buffer(c);
     const AttentionQueries queries{in.q.data(), c.n_q, c.n_past};
-    attention_reference(dequantized.view(), queries, c.params(), expected.data());
+    attention_reference(dequantized.view(), queries, c.params(), expected.data(),
+                        expected_lse.data());
     for (AttentionIsa isa : {AttentionIsa::kScalar, AttentionIsa::kAvx2}) {
       auto got = testing::output_buffer(c);
-      attention_uniform(cache.view(), queries, c.params(), got.data(), isa);
-      testing::expect_attention_close(c, expected, got, 1e-4,
-                                      "uniform K" + std::to_string(config.key_bits) + " V" +
-                                          std::to_string(config.value_bits) + " g" +
-                                          std::to_string(config.group_size) +
-                                          (isa == AttentionIsa::kAvx2 ? " avx2" : " scalar"));
+      auto got_lse = testing::lse_buffer(c);
+      attention_uniform(cache.view(), queries, c.params(), got.data(), isa, got_lse.data());
+      const std::string backend = "uniform K" + std::to_string(config.key_bits) + " V" +
+                                  std::to_string(config.value_bits) + " g" +
+                                  std::to_string(config.group_size) +
+                                  (isa == AttentionIsa::kAvx2 ? " avx2" : " scalar");
+      testing::expect_attention_close(c, expected, got, 1e-4, backend);
+      testing::expect_lse_close(c, expected_lse, got_lse, 1e-4, backend);
     }
   }
 }

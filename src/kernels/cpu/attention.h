@@ -9,6 +9,12 @@
 // Masks: the query at position p sees the key at position t iff t <= p (causal) and, with a
 // sliding window W > 0, t > p - W. Gemma2 logit soft-capping: s = cap * tanh(s / cap).
 // GQA: query head h reads KV head h / (n_heads / kv_heads).
+//
+// Softmax statistics: every kernel can also return, per output row, lse = log sum_t exp(s_t)
+// over the keys the row sees (natural log of the softmax denominator, the row's max score
+// folded in; s_t after scale and soft-capping; -inf for a row that sees no key). Two
+// attentions of the same queries over disjoint key sets (e.g. fp16 sink tokens and the coded
+// rest) combine exactly with merge_attention_partials.
 #pragma once
 
 #include <cstddef>
@@ -59,13 +65,24 @@ enum class AttentionIsa { kScalar, kAvx2 };
 AttentionIsa best_attention_isa();
 
 // out: [n_q, n_heads, head_dim]. A query that sees no key gets a zero row.
+// lse (optional): [n_q, n_heads], the rows' softmax statistics (see above).
 void attention_reference(const DenseKVView& kv, const AttentionQueries& queries,
-                         const AttentionParams& params, float* out);
+                         const AttentionParams& params, float* out, float* lse = nullptr);
 
 // Same contract as attention_reference. kAvx2 falls back to scalar where the CPU lacks AVX2
 // or head_dim % 8 != 0.
 void attention_dense(const DenseKVView& kv, const AttentionQueries& queries,
                      const AttentionParams& params, float* out,
-                     AttentionIsa isa = best_attention_isa());
+                     AttentionIsa isa = best_attention_isa(), float* lse = nullptr);
+
+// Combines the attentions a and b of the same rows over two disjoint key sets into the
+// attention over their union, exactly up to fp32 rounding:
+//   lse = log(e^lse_a + e^lse_b),  out = e^(lse_a - lse) out_a + e^(lse_b - lse) out_b.
+// A side with lse = -inf (it saw no key) contributes nothing; both -inf give a zero row and
+// lse = -inf. out_a, out_b, out: [rows, head_dim]; lse_a, lse_b, lse: [rows]. out may be
+// out_a or out_b and lse may be lse_a or lse_b (in place); lse may be null.
+void merge_attention_partials(const float* out_a, const float* lse_a, const float* out_b,
+                              const float* lse_b, int64_t rows, int head_dim, float* out,
+                              float* lse);
 
 }  // namespace turbokv

@@ -42,7 +42,7 @@ struct TurboQuantKVView {
 // Same contract as attention_reference over the dequantized keys and values.
 void attention_turboquant(const TurboQuantKVView& kv, const AttentionQueries& queries,
                           const AttentionParams& params, float* out,
-                          AttentionIsa isa = best_attention_isa());
+                          AttentionIsa isa = best_attention_isa(), float* lse = nullptr);
 
 // Uniform codes of one sequence, head-major: vector t of KV head h has its codes at
 // codes + (h * head_stride + t) * codec->code_bytes() and its [groups, 2] fp16 (scale, min)
@@ -67,6 +67,6 @@ struct UniformKVView {
 // Same contract as attention_reference over the dequantized keys and values.
 void attention_uniform(const UniformKVView& kv, const AttentionQueries& queries,
                        const AttentionParams& params, float* out,
-                       AttentionIsa isa = best_attention_isa());
+                       AttentionIsa isa = best_attention_isa(), float* lse = nullptr);
 
 }  // namespace turbokv

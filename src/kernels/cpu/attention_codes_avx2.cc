@@ -331,8 +331,8 @@ struct UniformRegisterDecoder {
 }  // namespace
 
 void attention_uniform_avx2(const UniformKVView& kv, const AttentionQueries& queries,
-                            const AttentionParams& params, float* out) {
-  attention_uniform_on<Avx2Isa, UniformRegisterDecoder>(kv, queries, params, out);
+                            const AttentionParams& params, float* out, float* lse) {
+  attention_uniform_on<Avx2Isa, UniformRegisterDecoder>(kv, queries, params, out, lse);
 }
 
 void allow_avx512vl_lookups(bool allowed) {
@@ -340,8 +340,9 @@ void allow_avx512vl_lookups(bool allowed) {
 }
 
 void attention_turboquant_avx2(const TurboQuantKVView& kv, const AttentionQueries& queries,
-                               const AttentionParams& params, float* out) {
-  attention_turboquant_on<Avx2Isa, RegisterDecoder>(kv, queries, params, out, quant::Isa::kAvx2);
+                               const AttentionParams& params, float* out, float* lse) {
+  attention_turboquant_on<Avx2Isa, RegisterDecoder>(kv, queries, params, out, lse,
+                                                    quant::Isa::kAvx2);
 }
 
 }  // namespace turbokv::attention_detail

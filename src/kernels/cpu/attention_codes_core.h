@@ -184,7 +184,8 @@ struct UniformTiles {
 // row back out of its KV head's value frame.
 template <class Isa, class Decoder>
 void attention_turboquant_on(const TurboQuantKVView& kv, const AttentionQueries& queries,
-                             const AttentionParams& params, float* out, quant::Isa codec_isa) {
+                             const AttentionParams& params, float* out, float* lse,
+                             quant::Isa codec_isa) {
   const int d = kv.head_dim;
   const int group = params.n_heads / kv.kv_heads;
   std::vector<VectorDecoder> key_decoders, value_decoders;
@@ -201,8 +202,9 @@ void attention_turboquant_on(const TurboQuantKVView& kv, const AttentionQueries&
       kv.keys.codecs[h]->rotate_query(queries.q + r * d, &rotated_q[r * d], codec_isa);
     }
   });
-  const AttendProblem problem = make_problem(queries, params, kv.kv_heads, d, kv.n_tokens,
-                                             kv.first_pos, rotated_q.data(), rotated_out.data());
+  const AttendProblem problem =
+      make_problem(queries, params, kv.kv_heads, d, kv.n_tokens, kv.first_pos, rotated_q.data(),
+                   rotated_out.data(), lse);
   const CodeTiles<Decoder> tiles{&kv, key_decoders.data(), value_decoders.data()};
   dispatch_head_dim(
       d, [&](auto head_dim) { attend_split_k<Isa, decltype(head_dim)::value>(tiles, problem); });
@@ -216,9 +218,9 @@ void attention_turboquant_on(const TurboQuantKVView& kv, const AttentionQueries&
 
 template <class Isa, class Decoder>
 void attention_uniform_on(const UniformKVView& kv, const AttentionQueries& queries,
-                          const AttentionParams& params, float* out) {
+                          const AttentionParams& params, float* out, float* lse) {
   const AttendProblem problem = make_problem(queries, params, kv.kv_heads, kv.head_dim, kv.n_tokens,
-                                             kv.first_pos, queries.q, out);
+                                             kv.first_pos, queries.q, out, lse);
   dispatch_head_dim(kv.head_dim, [&](auto head_dim) {
     attend_split_k<Isa, decltype(head_dim)::value>(UniformTiles<Decoder>{&kv}, problem);
   });

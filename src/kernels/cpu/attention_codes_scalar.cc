@@ -34,32 +34,33 @@ struct UniformDecoder {
 }  // namespace
 
 void attention_uniform_scalar(const UniformKVView& kv, const AttentionQueries& queries,
-                              const AttentionParams& params, float* out) {
-  attention_uniform_on<ScalarIsa, UniformDecoder>(kv, queries, params, out);
+                              const AttentionParams& params, float* out, float* lse) {
+  attention_uniform_on<ScalarIsa, UniformDecoder>(kv, queries, params, out, lse);
 }
 
 void attention_turboquant_scalar(const TurboQuantKVView& kv, const AttentionQueries& queries,
-                                 const AttentionParams& params, float* out) {
-  attention_turboquant_on<ScalarIsa, CodecDecoder>(kv, queries, params, out, quant::Isa::kScalar);
+                                 const AttentionParams& params, float* out, float* lse) {
+  attention_turboquant_on<ScalarIsa, CodecDecoder>(kv, queries, params, out, lse,
+                                                   quant::Isa::kScalar);
 }
 
 }  // namespace attention_detail
 
 void attention_turboquant(const TurboQuantKVView& kv, const AttentionQueries& queries,
-                          const AttentionParams& params, float* out, AttentionIsa isa) {
+                          const AttentionParams& params, float* out, AttentionIsa isa, float* lse) {
   if (isa == AttentionIsa::kAvx2 && cpu_has_avx2() && kv.head_dim % 8 == 0) {
-    attention_detail::attention_turboquant_avx2(kv, queries, params, out);
+    attention_detail::attention_turboquant_avx2(kv, queries, params, out, lse);
   } else {
-    attention_detail::attention_turboquant_scalar(kv, queries, params, out);
+    attention_detail::attention_turboquant_scalar(kv, queries, params, out, lse);
   }
 }
 
 void attention_uniform(const UniformKVView& kv, const AttentionQueries& queries,
-                       const AttentionParams& params, float* out, AttentionIsa isa) {
+                       const AttentionParams& params, float* out, AttentionIsa isa, float* lse) {
   if (isa == AttentionIsa::kAvx2 && cpu_has_avx2() && kv.head_dim % 8 == 0) {
-    attention_detail::attention_uniform_avx2(kv, queries, params, out);
+    attention_detail::attention_uniform_avx2(kv, queries, params, out, lse);
   } else {
-    attention_detail::attention_uniform_scalar(kv, queries, params, out);
+    attention_detail::attention_uniform_scalar(kv, queries, params, out, lse);
   }
 }
 

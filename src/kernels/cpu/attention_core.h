@@ -51,6 +51,7 @@ struct TileRows {
 struct AttendProblem {
   const float* q = nullptr;  // [n_q, n_heads, d]
   float* out = nullptr;      // [n_q, n_heads, d]
+  float* lse = nullptr;      // [n_q, n_heads] softmax statistics, or null
   int n_q = 0;
   int64_t q_first_pos = 0;
   int n_heads = 0;
@@ -65,10 +66,11 @@ struct AttendProblem {
 
 inline AttendProblem make_problem(const AttentionQueries& queries, const AttentionParams& params,
                                   int kv_heads, int head_dim, int64_t n_tokens, int64_t k_first_pos,
-                                  const float* q, float* out) {
+                                  const float* q, float* out, float* lse) {
   AttendProblem p;
   p.q = q;
   p.out = out;
+  p.lse = lse;
   p.n_q = queries.n_q;
   p.q_first_pos = queries.first_pos;
   p.n_heads = params.n_heads;
@@ -235,7 +237,7 @@ void attend_item(const Tiles& tiles, const AttendProblem& p, int h, int q_begin,
 }
 
 // Runs the whole problem: builds items, runs them over the thread pool, merges splits,
-// writes out = acc / l (zero rows where a query saw no key).
+// writes out = acc / l (zero rows where a query saw no key) and lse = m + log(l) (-inf there).
 template <class Isa, int D, class Tiles>
 void attend_split_k(const Tiles& tiles, const AttendProblem& p) {
   const int d = p.head_dim;
@@ -282,6 +284,10 @@ void attend_split_k(const Tiles& tiles, const AttendProblem& p) {
       const float* acc = &st.acc[static_cast<size_t>(r) * d];
       const float inv = st.l[r] > 0 ? 1.0f / st.l[r] : 0.0f;
       for (int c = 0; c < d; ++c) o[c] = acc[c] * inv;
+      if (p.lse != nullptr) {
+        p.lse[static_cast<int64_t>(qi) * p.n_heads + head] =
+            st.l[r] > 0 ? st.m[r] + std::log(st.l[r]) : -std::numeric_limits<float>::infinity();
+      }
     }
     i = j;
   }
@@ -356,9 +362,9 @@ struct DenseTiles {
 
 template <class Isa>
 void attention_dense_on(const DenseKVView& kv, const AttentionQueries& queries,
-                        const AttentionParams& params, float* out) {
+                        const AttentionParams& params, float* out, float* lse) {
   const AttendProblem problem = make_problem(queries, params, kv.kv_heads, kv.head_dim, kv.n_tokens,
-                                             kv.first_pos, queries.q, out);
+                                             kv.first_pos, queries.q, out, lse);
   dispatch_head_dim(kv.head_dim, [&](auto head_dim) {
     attend_split_k<Isa, decltype(head_dim)::value>(DenseTiles<Isa>{kv}, problem);
   });

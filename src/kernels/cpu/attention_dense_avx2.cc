@@ -5,8 +5,8 @@
 namespace turbokv::attention_detail {
 
 void attention_dense_avx2(const DenseKVView& kv, const AttentionQueries& queries,
-                          const AttentionParams& params, float* out) {
-  attention_dense_on<Avx2Isa>(kv, queries, params, out);
+                          const AttentionParams& params, float* out, float* lse) {
+  attention_dense_on<Avx2Isa>(kv, queries, params, out, lse);
 }
 
 }  // namespace turbokv::attention_detail

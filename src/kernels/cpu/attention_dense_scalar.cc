@@ -12,17 +12,17 @@ AttentionIsa best_attention_isa() {
 
 namespace attention_detail {
 void attention_dense_scalar(const DenseKVView& kv, const AttentionQueries& queries,
-                            const AttentionParams& params, float* out) {
-  attention_dense_on<ScalarIsa>(kv, queries, params, out);
+                            const AttentionParams& params, float* out, float* lse) {
+  attention_dense_on<ScalarIsa>(kv, queries, params, out, lse);
 }
 }  // namespace attention_detail
 
 void attention_dense(const DenseKVView& kv, const AttentionQueries& queries,
-                     const AttentionParams& params, float* out, AttentionIsa isa) {
+                     const AttentionParams& params, float* out, AttentionIsa isa, float* lse) {
   if (isa == AttentionIsa::kAvx2 && cpu_has_avx2() && kv.head_dim % 8 == 0) {
-    attention_detail::attention_dense_avx2(kv, queries, params, out);
+    attention_detail::attention_dense_avx2(kv, queries, params, out, lse);
   } else {
-    attention_detail::attention_dense_scalar(kv, queries, params, out);
+    attention_detail::attention_dense_scalar(kv, queries, params, out, lse);
   }
 }
 

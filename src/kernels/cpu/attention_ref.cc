@@ -43,7 +43,7 @@ float load_element(KVDType dtype, const void* base, int64_t index) {
 }  // namespace
 
 void attention_reference(const DenseKVView& kv, const AttentionQueries& queries,
-                         const AttentionParams& params, float* out) {
+                         const AttentionParams& params, float* out, float* lse) {
   const int d = kv.head_dim;
   const int group = params.n_heads / kv.kv_heads;
   std::vector<float> scores(static_cast<size_t>(kv.n_tokens));
@@ -66,6 +66,9 @@ void attention_reference(const DenseKVView& kv, const AttentionQueries& queries,
         max_score = std::max(max_score, s);
       }
       std::fill(o, o + d, 0.0f);
+      float* row_lse =
+          lse != nullptr ? lse + static_cast<int64_t>(i) * params.n_heads + h : nullptr;
+      if (row_lse != nullptr) *row_lse = max_score;  // -inf when no key is visible
       if (max_score == -std::numeric_limits<float>::infinity()) continue;
       float sum = 0;
       for (int64_t t = 0; t < kv.n_tokens; ++t) {
@@ -76,6 +79,7 @@ void attention_reference(const DenseKVView& kv, const AttentionQueries& queries,
           o[c] += p * load_element(kv.dtype, kv.v, (head_base + t) * d + c);
       }
       for (int c = 0; c < d; ++c) o[c] /= sum;
+      if (row_lse != nullptr) *row_lse = max_score + std::log(sum);
     }
   }
 }
