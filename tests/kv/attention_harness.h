@@ -59,8 +59,16 @@ inline std::vector<AttentionCase> attention_cases() {
   cases.push_back({128, 2, 4, 50, 300, 48});      // chunk much longer than the window
   cases.push_back({16, 2, 2, 40, 24, 8, 50.0f});  // hf-tiny shape: d 16, gemma2 cap, window 8
   cases.push_back({40, 1, 3, 37, 5});             // d not a multiple of 8: scalar only
+  // Decode with every GQA group size up to and past the 8 rows of one decode pass, head dims
+  // with an odd number of 8-lane groups, a tail block of one key.
+  for (int group : {2, 3, 5, 6, 7, 16}) cases.push_back({128, 2, group, 300, 1});
+  for (int d : {80, 112}) cases.push_back({d, 2, 4, 96, 1});
+  cases.push_back({64, 1, 2, 32, 1, 0, 20.0f});
   return cases;
 }
+
+// Every instruction set a test runs (one the CPU lacks runs the next one below it).
+inline constexpr AttentionIsa kAllIsas[] = {AttentionIsa::kScalar, AttentionIsa::kAvx2};
 
 // Random post-RoPE-like inputs of a case: k, v [n_tokens, kv_heads, d], q [n_q, n_heads, d].
 struct AttentionInputs {
@@ -106,6 +114,65 @@ inline void expect_attention_close(const AttentionCase& c, const std::vector<flo
     worst = std::max(worst, err / std::max(std::sqrt(norm), 1e-30));
   }
   EXPECT_LE(worst, tol) << backend << ", " << c.name();
+}
+
+// Double-precision attention over an f32 view (two-pass softmax, every sum in double): the
+// yardstick the accuracy of every kernel is stated against. out [n_q, n_heads, head_dim].
+inline std::vector<double> attention_reference_f64(const DenseKVView& kv,
+                                                   const AttentionQueries& queries,
+                                                   const AttentionParams& params) {
+  EXPECT_EQ(kv.dtype, KVDType::kF32);
+  const int d = kv.head_dim, group = params.n_heads / kv.kv_heads;
+  const float* k = static_cast<const float*>(kv.k);
+  const float* v = static_cast<const float*>(kv.v);
+  std::vector<double> out(size_t(queries.n_q) * params.n_heads * d, 0.0);
+  std::vector<double> scores(size_t(kv.n_tokens));
+  for (int i = 0; i < queries.n_q; ++i) {
+    const int64_t q_pos = queries.first_pos + i;
+    for (int h = 0; h < params.n_heads; ++h) {
+      const float* q = queries.q + (int64_t(i) * params.n_heads + h) * d;
+      double* o = &out[(size_t(i) * params.n_heads + h) * d];
+      const int64_t base = int64_t(h / group) * kv.head_stride;
+      double max_score = -INFINITY;
+      for (int64_t t = 0; t < kv.n_tokens; ++t) {
+        if (!attention_visible(q_pos, kv.first_pos + t, params.sliding_window)) continue;
+        double dot = 0;
+        for (int c = 0; c < d; ++c) dot += double(q[c]) * k[(base + t) * d + c];
+        double s = double(params.scale) * dot;
+        if (params.logit_softcap > 0)
+          s = params.logit_softcap * std::tanh(s / params.logit_softcap);
+        scores[t] = s;
+        max_score = std::max(max_score, s);
+      }
+      if (max_score == -INFINITY) continue;
+      double sum = 0;
+      for (int64_t t = 0; t < kv.n_tokens; ++t) {
+        if (!attention_visible(q_pos, kv.first_pos + t, params.sliding_window)) continue;
+        const double p = std::exp(scores[t] - max_score);
+        sum += p;
+        for (int c = 0; c < d; ++c) o[c] += p * v[(base + t) * d + c];
+      }
+      for (int c = 0; c < d; ++c) o[c] /= sum;
+    }
+  }
+  return out;
+}
+
+// The largest ||got_row - expected_row||_2 / ||expected_row||_2 over the rows of head_dim
+// elements (a zero expected row must be zero).
+inline double max_row_relative_error(const std::vector<double>& expected,
+                                     const std::vector<float>& got, int head_dim) {
+  double worst = 0;
+  for (size_t row = 0; row < expected.size() / head_dim; ++row) {
+    double norm = 0, err = 0;
+    for (int j = 0; j < head_dim; ++j) {
+      const double e = expected[row * head_dim + j], g = got[row * head_dim + j];
+      norm += e * e;
+      err += (g - e) * (g - e);
+    }
+    worst = std::max(worst, norm > 0 ? std::sqrt(err / norm) : std::sqrt(err));
+  }
+  return worst;
 }
 
 // lse buffers [n_q, n_heads]: |got - expected| <= tol, and -inf exactly where expected is.

@@ -6,7 +6,6 @@
 
 #include "attention_harness.h"
 #include "core/error.h"
-#include "kernels/cpu/attention_entry.h"
 #include "kv/turboquant_kv_cache.h"
 
 namespace turbokv {
@@ -39,21 +38,14 @@ TEST(TurboQuantAttention, EveryIsaMatchesReferenceOnDequantizedCache) {
                         c.params(), expected.data(), expected_lse.data());
     const std::string name =
         "turboquant K" + std::to_string(config.key_bits) + " V" + std::to_string(config.value_bits);
-    for (AttentionIsa isa : {AttentionIsa::kScalar, AttentionIsa::kAvx2}) {
-      // AVX2 runs with and without the AVX-512VL codebook lookups (the same without that CPU).
-      for (bool avx512vl : {true, false}) {
-        attention_detail::allow_avx512vl_lookups(avx512vl);
-        auto got = testing::output_buffer(c);
-        auto got_lse = testing::lse_buffer(c);
-        attention_turboquant(cache.view(), AttentionQueries{in.q.data(), c.n_q, c.n_past},
-                             c.params(), got.data(), isa, got_lse.data());
-        const std::string backend = name + (isa == AttentionIsa::kScalar ? " scalar"
-                                            : avx512vl                   ? " avx512vl"
-                                                                         : " avx2");
-        testing::expect_attention_close(c, expected, got, 1e-4, backend);
-        testing::expect_lse_close(c, expected_lse, got_lse, 1e-4, backend);
-      }
-      attention_detail::allow_avx512vl_lookups(true);
+    for (AttentionIsa isa : testing::kAllIsas) {
+      auto got = testing::output_buffer(c);
+      auto got_lse = testing::lse_buffer(c);
+      attention_turboquant(cache.view(), AttentionQueries{in.q.data(), c.n_q, c.n_past}, c.params(),
+                           got.data(), isa, got_lse.data());
+      const std::string backend = name + " " + attention_isa_name(isa);
+      testing::expect_attention_close(c, expected, got, 1e-4, backend);
+      testing::expect_lse_close(c, expected_lse, got_lse, 1e-4, backend);
     }
     auto via_cache = testing::output_buffer(c);
     cache.attend(in.q.data(), c.n_q, c.params(), via_cache.data());
@@ -87,15 +79,14 @@ TEST(TurboQuantAttention, TokenRangePartialMergesWithADensePart) {
     rest.values.norms += first_part * value_codec.norms_per_vector();
     rest.n_tokens -= first_part;
     rest.first_pos = first_part;
-    for (AttentionIsa isa : {AttentionIsa::kScalar, AttentionIsa::kAvx2}) {
+    for (AttentionIsa isa : testing::kAllIsas) {
       auto a = testing::output_buffer(c), b = testing::output_buffer(c);
       auto lse_a = testing::lse_buffer(c), lse_b = testing::lse_buffer(c);
       attention_dense(head, queries, c.params(), a.data(), isa, lse_a.data());
       attention_turboquant(rest, queries, c.params(), b.data(), isa, lse_b.data());
       merge_attention_partials(a.data(), lse_a.data(), b.data(), lse_b.data(),
                                int64_t(c.n_q) * c.n_heads(), c.head_dim, a.data(), lse_a.data());
-      const std::string name =
-          std::string("dense + turboquant ") + (isa == AttentionIsa::kAvx2 ? "avx2" : "scalar");
+      const std::string name = std::string("dense + turboquant ") + attention_isa_name(isa);
       testing::expect_attention_close(c, expected, a, 1e-4, name);
       testing::expect_lse_close(c, expected_lse, lse_a, 1e-4, name);
     }

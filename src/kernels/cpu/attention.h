@@ -63,6 +63,7 @@ inline bool attention_visible(int64_t q_pos, int64_t k_pos, int sliding_window) 
 enum class AttentionIsa { kScalar, kAvx2 };
 // kAvx2 when the CPU has AVX2+FMA+F16C (and TURBOKV_FORCE_SCALAR is unset), else kScalar.
 AttentionIsa best_attention_isa();
+const char* attention_isa_name(AttentionIsa isa);  // "scalar", "avx2"
 
 // out: [n_q, n_heads, head_dim]. A query that sees no key gets a zero row.
 // lse (optional): [n_q, n_heads], the rows' softmax statistics (see above).

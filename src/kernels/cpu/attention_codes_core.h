@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/half.h"
 #include "kernels/cpu/attention_codes.h"
 #include "kernels/cpu/attention_core.h"
 #include "quant/codec_mse.h"
@@ -72,17 +73,21 @@ inline VectorDecoder make_vector_decoder(const quant::TurboQuantCodec& codec) {
 // writing, for token i < n, the centroids[code] of the segment's dim codes to out + i * d:
 // times norm_i when norms_out is null (what MseCodec::decode_rotated computes per vector),
 // else unscaled, with norm_i stored to norms_out[i].
-// A Decoder with kFused = true also works on the codes of a one-segment (fusable) codec
-// without a decoded tile (FusedTiles in attention_core.h), the factor of each token being its
-// norm (d = the segment's dim):
-//   static void norms(const uint16_t* norms, int n, float* out): out[i] = norms[i] as float;
-//   static void score_codes(const CodeSegment&, const uint8_t* codes, size_t code_stride,
-//                           int rows, const float* q, int d, int n, float* scores)
-//     scores[b][t] = <q_b, centroids[codes of token t]> ([rows, kTileTokens]);
-//   static void accumulate_codes(const CodeSegment&, const uint8_t* codes, size_t code_stride,
-//                                int rows, float* acc, const float* alpha, const float* w,
-//                                int d, int n)
-//     acc[b] = acc[b] * alpha[b] + sum_t w[b][t] * centroids[codes of token t].
+// The portable Decoder: each vector through the codec's decode_rotated.
+struct CodecDecoder {
+  static void decode_tile(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
+                          const uint16_t* norms, int norm_stride, int n, float* out, int d,
+                          float* norms_out) {
+    const uint16_t unit_norm = 0x3C00;  // 1.0 in fp16
+    for (int i = 0; i < n; ++i) {
+      const uint16_t norm = norms[i * norm_stride];
+      if (norms_out != nullptr) norms_out[i] = f16_to_f32(norm);
+      seg.codec->decode_rotated(codes + i * code_stride, norms_out != nullptr ? unit_norm : norm,
+                                out + i * d);
+    }
+  }
+};
+
 template <class Decoder>
 struct CodeTiles {
   const TurboQuantKVView* kv;
@@ -110,30 +115,6 @@ struct CodeTiles {
   TileRows values(int h, int64_t t0, int n, float* scratch, float* scale_scratch) const {
     return decode(kv->values, value_decoders[h], h * kv->head_stride + t0, n, scratch,
                   scale_scratch);
-  }
-  bool fused(int h) const requires(Decoder::kFused) {
-    return key_decoders[h].fusable && value_decoders[h].fusable;
-  }
-  void fused_scores(int h, int64_t t0, int n, int rows, const float* q, float* scores,
-                    float* key_scale) const requires(Decoder::kFused) {
-    const VectorDecoder& decoder = key_decoders[h];
-    const int64_t first_row = h * kv->head_stride + t0;
-    Decoder::score_codes(decoder.segments[0], kv->keys.codes + first_row * decoder.code_bytes,
-                         decoder.code_bytes, rows, q, kv->head_dim, n, scores);
-    Decoder::norms(kv->keys.norms + first_row, n, key_scale);
-  }
-  const float* value_scale(int h, int64_t t0, int n, float* value_scale) const
-      requires(Decoder::kFused) {
-    Decoder::norms(kv->values.norms + h * kv->head_stride + t0, n, value_scale);
-    return value_scale;
-  }
-  void fused_accumulate(int h, int64_t t0, int n, int rows, float* acc, const float* alpha,
-                        const float* w) const requires(Decoder::kFused) {
-    const VectorDecoder& decoder = value_decoders[h];
-    const int64_t first_row = h * kv->head_stride + t0;
-    Decoder::accumulate_codes(decoder.segments[0],
-                              kv->values.codes + first_row * decoder.code_bytes, decoder.code_bytes,
-                              rows, acc, alpha, w, kv->head_dim, n);
   }
   void prefetch(int h, int64_t t0, int n) const {
     const int64_t row = h * kv->head_stride + t0;
@@ -180,9 +161,21 @@ struct UniformTiles {
   }
 };
 
+// No decode kernel: every item goes through the tiles.
+struct NoFastDecode {
+  static bool eligible(const VectorDecoder&, const VectorDecoder&) { return false; }
+  template <int D>
+  static void run(const TurboQuantKVView&, const VectorDecoder&, const VectorDecoder&,
+                  const AttendProblem&, int, const float*, int64_t, int64_t, SoftmaxStates&) {}
+};
+
 // Rotate the queries into each KV head's key frame, run the core on codes, rotate each output
-// row back out of its KV head's value frame.
-template <class Isa, class Decoder>
+// row back out of its KV head's value frame. FastDecode (NoFastDecode, or CodeDecodeKernel of
+// attention_codes_decode.h) runs the items of a single query on the KV heads whose codecs it
+// is eligible for: static bool eligible(key decoder, value decoder) and
+// template <int D> static void run(kv, key decoder, value decoder, problem, h, q rows,
+// k_begin, k_end, state) (D = head_dim or 0, as dispatch_head_dim gives it).
+template <class Isa, class Decoder, class FastDecode = NoFastDecode>
 void attention_turboquant_on(const TurboQuantKVView& kv, const AttentionQueries& queries,
                              const AttentionParams& params, float* out, float* lse,
                              quant::Isa codec_isa) {
@@ -206,8 +199,23 @@ void attention_turboquant_on(const TurboQuantKVView& kv, const AttentionQueries&
       make_problem(queries, params, kv.kv_heads, d, kv.n_tokens, kv.first_pos, rotated_q.data(),
                    rotated_out.data(), lse);
   const CodeTiles<Decoder> tiles{&kv, key_decoders.data(), value_decoders.data()};
-  dispatch_head_dim(
-      d, [&](auto head_dim) { attend_split_k<Isa, decltype(head_dim)::value>(tiles, problem); });
+  std::vector<char> fast(kv.kv_heads);  // [kv_heads]: decode items of head h use FastDecode
+  for (int h = 0; h < kv.kv_heads; ++h)
+    fast[h] = FastDecode::eligible(key_decoders[h], value_decoders[h]);
+  dispatch_head_dim(d, [&](auto head_dim) {
+    attend_split_k_items(problem, [&](int h, int q_begin, int q_end, int64_t k_begin, int64_t k_end,
+                                      SoftmaxStates& state) {
+      if (q_end - q_begin == 1 && fast[h]) {
+        const float* q =
+            problem.q + (static_cast<int64_t>(q_begin) * params.n_heads + h * group) * d;
+        FastDecode::template run<decltype(head_dim)::value>(kv, key_decoders[h], value_decoders[h],
+                                                            problem, h, q, k_begin, k_end, state);
+      } else {
+        attend_item<Isa, decltype(head_dim)::value>(tiles, problem, h, q_begin, q_end, k_begin,
+                                                    k_end, state);
+      }
+    });
+  });
   parallel_for(rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const int h = static_cast<int>(r % params.n_heads) / group;

@@ -9,21 +9,6 @@ namespace turbokv {
 namespace attention_detail {
 namespace {
 
-struct CodecDecoder {
-  static constexpr bool kFused = false;
-  static void decode_tile(const CodeSegment& seg, const uint8_t* codes, size_t code_stride,
-                          const uint16_t* norms, int norm_stride, int n, float* out, int d,
-                          float* norms_out) {
-    const uint16_t unit_norm = 0x3C00;  // 1.0 in fp16
-    for (int i = 0; i < n; ++i) {
-      const uint16_t norm = norms[i * norm_stride];
-      if (norms_out != nullptr) norms_out[i] = f16_to_f32(norm);
-      seg.codec->decode_rotated(codes + i * code_stride, norms_out != nullptr ? unit_norm : norm,
-                                out + i * d);
-    }
-  }
-};
-
 struct UniformDecoder {
   static void decode(const quant::UniformCodec& codec, const uint8_t* codes, const uint16_t* params,
                      float* out) {

@@ -7,9 +7,10 @@
 //          (dense: the stored values; TurboQuant: norm * centroids in the rotated frame).
 //          A tile is at most kTileTokens tokens: the only decoded state is that per-tile
 //          scratch, never a copy of the cache. tiles.prefetch(h, t0, n) hints the tokens
-//          read kPrefetchTiles tiles ahead. Optionally (FusedTiles) a source can score and
-//          accumulate straight from its codes for one query's rows (decode), with nothing
-//          decoded to memory: tiles.fused(h) says whether it can for KV head h.
+//          read kPrefetchTiles tiles ahead.
+// A caller may run some items its own way (attend_split_k_items): the TurboQuant decode
+// kernel (attention_codes_decode.h) scores and accumulates one query's rows straight from
+// the codes.
 //
 // Work is split (docs/kernels.md, "CPU attention") into items = (KV head, block of queries, key
 // split). An item runs one pass over its keys for every query row of its KV head's group (GQA: the
@@ -20,7 +21,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <concepts>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -117,17 +117,6 @@ struct SoftmaxStates {
   }
 };
 
-// A tile source that can work on its codes without a decoded tile, for the rows of one query:
-//   fused_scores(h, t0, n, rows, q, scores, key_scale): scores[b][t] = <q_b, unscaled key t>
-//     for b < rows, t < n ([rows, kTileTokens]); key_scale[t] = the factor of key t;
-//   value_scale(h, t0, n, value_scale): value_scale[t] = the factor of value t;
-//   fused_accumulate(h, t0, n, rows, acc, alpha, w): acc[b] = acc[b] * alpha[b] +
-//     sum_t w[b][t] * unscaled value t (the contract of Isa::accumulate_block).
-template <class Tiles>
-concept FusedTiles = requires(const Tiles& tiles) {
-  { tiles.fused(0) } -> std::same_as<bool>;
-};
-
 // Keys [k_begin, k_end) (token indices) that any query of [q_begin, q_end) may see.
 inline void visible_key_range(const AttendProblem& p, int q_begin, int q_end, int64_t* k_begin,
                               int64_t* k_end) {
@@ -160,8 +149,6 @@ void attend_item(const Tiles& tiles, const AttendProblem& p, int h, int q_begin,
   alignas(32) float key_scale_scratch[kTileTokens] = {};  // entries past n stay finite
   alignas(32) float value_scale_scratch[kTileTokens] = {};
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  bool fused = false;  // one query: score and accumulate on the codes, no decoded tile
-  if constexpr (FusedTiles<Tiles>) fused = D > 0 && q_end - q_begin == 1 && tiles.fused(h);
 
   for (int64_t t0 = k_begin; t0 < k_end; t0 += kTileTokens) {
     const int n = static_cast<int>(std::min<int64_t>(kTileTokens, k_end - t0));
@@ -170,8 +157,7 @@ void attend_item(const Tiles& tiles, const AttendProblem& p, int h, int q_begin,
     if (ahead < k_end) {
       tiles.prefetch(h, ahead, static_cast<int>(std::min<int64_t>(kTileTokens, k_end - ahead)));
     }
-    TileRows keys;
-    if (!fused) keys = tiles.keys(h, t0, n, key_tile_buffer, key_scale_scratch);
+    const TileRows keys = tiles.keys(h, t0, n, key_tile_buffer, key_scale_scratch);
     TileRows values;
     bool values_ready = false;
     for (int qi = q_begin; qi < q_end; ++qi) {
@@ -188,13 +174,7 @@ void attend_item(const Tiles& tiles, const AttendProblem& p, int h, int q_begin,
         const int block = std::min(kRowBlock, group - g0);
         const int first_row = (qi - q_begin) * group + g0;
         const float* q = p.q + (static_cast<int64_t>(qi) * p.n_heads + h * group + g0) * d;
-        if constexpr (FusedTiles<Tiles>) {
-          if (fused) {
-            tiles.fused_scores(h, t0, n, block, q, scores[0], key_scale_scratch);
-            keys.scale = key_scale_scratch;
-          }
-        }
-        if (!fused) Isa::template dot_block<D>(block, q, keys.rows, n, d, scores[0]);
+        Isa::template dot_block<D>(block, q, keys.rows, n, d, scores[0]);
         for (int b = 0; b < block; ++b) {
           float* s = scores[b];
           Isa::scale_scores(s, keys.scale, p.scale);
@@ -215,10 +195,7 @@ void attend_item(const Tiles& tiles, const AttendProblem& p, int h, int q_begin,
           state.m[r] = new_m;
         }
         if (!values_ready) {
-          if constexpr (FusedTiles<Tiles>) {
-            if (fused) values = {nullptr, tiles.value_scale(h, t0, n, value_scale_scratch)};
-          }
-          if (!fused) values = tiles.values(h, t0, n, value_tile_buffer, value_scale_scratch);
+          values = tiles.values(h, t0, n, value_tile_buffer, value_scale_scratch);
           values_ready = true;
         }
         const float* w = scores[0];
@@ -227,19 +204,18 @@ void attend_item(const Tiles& tiles, const AttendProblem& p, int h, int q_begin,
           w = weights[0];
         }
         float* acc = &state.acc[static_cast<size_t>(first_row) * d];
-        if constexpr (FusedTiles<Tiles>) {
-          if (fused) tiles.fused_accumulate(h, t0, n, block, acc, alpha, w);
-        }
-        if (!fused) Isa::template accumulate_block<D>(block, acc, alpha, w, values.rows, n, d);
+        Isa::template accumulate_block<D>(block, acc, alpha, w, values.rows, n, d);
       }
     }
   }
 }
 
-// Runs the whole problem: builds items, runs them over the thread pool, merges splits,
-// writes out = acc / l (zero rows where a query saw no key) and lse = m + log(l) (-inf there).
-template <class Isa, int D, class Tiles>
-void attend_split_k(const Tiles& tiles, const AttendProblem& p) {
+// Runs the whole problem: builds items, runs each as run_item(h, q_begin, q_end, k_begin,
+// k_end, state) over the thread pool (state: SoftmaxStates of the item's rows), merges
+// splits, writes out = acc / l (zero rows where a query saw no key) and lse = m + log(l)
+// (-inf there).
+template <class RunItem>
+void attend_split_k_items(const AttendProblem& p, RunItem&& run_item) {
   const int d = p.head_dim;
   const int group = p.n_heads / p.kv_heads;
   const int n_qblocks = (p.n_q + kQueryBlock - 1) / kQueryBlock;
@@ -269,7 +245,7 @@ void attend_split_k(const Tiles& tiles, const AttendProblem& p) {
   std::vector<SoftmaxStates> states(items.size());
   parallel_tasks(static_cast<int>(items.size()), [&](int i) {
     const Item& it = items[i];
-    attend_item<Isa, D>(tiles, p, it.h, it.q_begin, it.q_end, it.k_begin, it.k_end, states[i]);
+    run_item(it.h, it.q_begin, it.q_end, it.k_begin, it.k_end, states[i]);
   });
   // Items of one (h, q block) are consecutive, split 0 first: merge them in order.
   for (size_t i = 0; i < items.size();) {
@@ -291,6 +267,15 @@ void attend_split_k(const Tiles& tiles, const AttendProblem& p) {
     }
     i = j;
   }
+}
+
+// attend_split_k_items with every item through attend_item.
+template <class Isa, int D, class Tiles>
+void attend_split_k(const Tiles& tiles, const AttendProblem& p) {
+  attend_split_k_items(
+      p, [&](int h, int q_begin, int q_end, int64_t k_begin, int64_t k_end, SoftmaxStates& state) {
+        attend_item<Isa, D>(tiles, p, h, q_begin, q_end, k_begin, k_end, state);
+      });
 }
 
 // Calls fn(std::integral_constant<int, D>) with D = head_dim for the compiled sizes, else D = 0

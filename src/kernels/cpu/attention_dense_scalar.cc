@@ -10,6 +10,16 @@ AttentionIsa best_attention_isa() {
   return cpu_has_avx2() ? AttentionIsa::kAvx2 : AttentionIsa::kScalar;
 }
 
+const char* attention_isa_name(AttentionIsa isa) {
+  switch (isa) {
+    case AttentionIsa::kScalar:
+      return "scalar";
+    case AttentionIsa::kAvx2:
+      return "avx2";
+  }
+  return "?";
+}
+
 namespace attention_detail {
 void attention_dense_scalar(const DenseKVView& kv, const AttentionQueries& queries,
                             const AttentionParams& params, float* out, float* lse) {

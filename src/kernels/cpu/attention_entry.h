@@ -16,9 +16,6 @@ void attention_turboquant_scalar(const TurboQuantKVView& kv, const AttentionQuer
                                  const AttentionParams& params, float* out, float* lse);
 void attention_turboquant_avx2(const TurboQuantKVView& kv, const AttentionQueries& queries,
                                const AttentionParams& params, float* out, float* lse);
-// The AVX2 TurboQuant kernel looks up 16-entry codebooks with one AVX-512VL vpermi2ps where
-// the CPU has it (default); false keeps it to AVX2 so tests cover both paths on such a CPU.
-void allow_avx512vl_lookups(bool allowed);
 void attention_uniform_scalar(const UniformKVView& kv, const AttentionQueries& queries,
                               const AttentionParams& params, float* out, float* lse);
 void attention_uniform_avx2(const UniformKVView& kv, const AttentionQueries& queries,
