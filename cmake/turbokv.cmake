@@ -8,6 +8,16 @@ function(turbokv_avx2_sources)
   endif()
 endfunction()
 
+# Marks sources that use AVX-512 (F, BW, VL, DQ) on top of AVX2/FMA/F16C; entered only after
+# cpu_has_avx512().
+function(turbokv_avx512_sources)
+  if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
+    set_source_files_properties(
+      ${ARGN} PROPERTIES COMPILE_OPTIONS
+                         "-mavx2;-mfma;-mf16c;-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq")
+  endif()
+endfunction()
+
 # turbokv_add_subfolders(dir): add_subdirectory for every folder of dir that has a
 # CMakeLists.txt (tests/<area>/, bench/<area>/).
 function(turbokv_add_subfolders dir)

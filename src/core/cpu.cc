@@ -2,13 +2,22 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <utility>
 
 namespace turbokv {
+namespace {
+
+bool env_flag(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
+}
+
+}  // namespace
 
 bool cpu_has_avx2() {
   static const bool has = [] {
-    const char* force = std::getenv("TURBOKV_FORCE_SCALAR");
-    if (force != nullptr && std::strcmp(force, "0") != 0 && force[0] != '\0') return false;
+    if (env_flag("TURBOKV_FORCE_SCALAR")) return false;
 #if defined(__x86_64__) || defined(_M_X64)
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -18,6 +27,46 @@ bool cpu_has_avx2() {
 #endif
   }();
   return has;
+}
+
+bool cpu_has_avx512() {
+  static const bool has = [] {
+    if (!cpu_has_avx2() || env_flag("TURBOKV_FORCE_AVX2")) return false;
+#if defined(__x86_64__) || defined(_M_X64)
+    // __builtin_cpu_supports also checks that the OS saves the AVX-512 state (XCR0).
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+    return false;
+#endif
+  }();
+  return has;
+}
+
+const char* cpu_feature_names() {
+  static const std::string names = [] {
+    std::string out;
+#if defined(__x86_64__) || defined(_M_X64)
+    __builtin_cpu_init();
+    const std::pair<const char*, bool> features[] = {
+        {"avx2", __builtin_cpu_supports("avx2")},
+        {"fma", __builtin_cpu_supports("fma")},
+        {"f16c", __builtin_cpu_supports("f16c")},
+        {"avx512f", __builtin_cpu_supports("avx512f")},
+        {"avx512bw", __builtin_cpu_supports("avx512bw")},
+        {"avx512vl", __builtin_cpu_supports("avx512vl")},
+        {"avx512dq", __builtin_cpu_supports("avx512dq")},
+        {"avx512vbmi", __builtin_cpu_supports("avx512vbmi")},
+    };
+    for (const auto& [name, present] : features) {
+      if (!present) continue;
+      if (!out.empty()) out += ' ';
+      out += name;
+    }
+#endif
+    return out.empty() ? std::string("none") : out;
+  }();
+  return names.c_str();
 }
 
 }  // namespace turbokv

@@ -68,7 +68,8 @@ inline std::vector<AttentionCase> attention_cases() {
 }
 
 // Every instruction set a test runs (one the CPU lacks runs the next one below it).
-inline constexpr AttentionIsa kAllIsas[] = {AttentionIsa::kScalar, AttentionIsa::kAvx2};
+inline constexpr AttentionIsa kAllIsas[] = {AttentionIsa::kScalar, AttentionIsa::kAvx2,
+                                            AttentionIsa::kAvx512};
 
 // Random post-RoPE-like inputs of a case: k, v [n_tokens, kv_heads, d], q [n_q, n_heads, d].
 struct AttentionInputs {

@@ -60,18 +60,21 @@ inline bool attention_visible(int64_t q_pos, int64_t k_pos, int sliding_window) 
 }
 
 // Instruction set of a fast kernel. Tests run every one; callers take best_attention_isa().
-enum class AttentionIsa { kScalar, kAvx2 };
-// kAvx2 when the CPU has AVX2+FMA+F16C (and TURBOKV_FORCE_SCALAR is unset), else kScalar.
+// A kernel asked for an ISA the CPU lacks, or one it has no version for, runs its best
+// version below it (kAvx512 -> kAvx2 -> kScalar).
+enum class AttentionIsa { kScalar, kAvx2, kAvx512 };
+// kAvx512 where cpu_has_avx512(), else kAvx2 where cpu_has_avx2(), else kScalar
+// (core/cpu.h: TURBOKV_FORCE_AVX2 and TURBOKV_FORCE_SCALAR select the lower ones).
 AttentionIsa best_attention_isa();
-const char* attention_isa_name(AttentionIsa isa);  // "scalar", "avx2"
+const char* attention_isa_name(AttentionIsa isa);  // "scalar", "avx2", "avx512"
 
 // out: [n_q, n_heads, head_dim]. A query that sees no key gets a zero row.
 // lse (optional): [n_q, n_heads], the rows' softmax statistics (see above).
 void attention_reference(const DenseKVView& kv, const AttentionQueries& queries,
                          const AttentionParams& params, float* out, float* lse = nullptr);
 
-// Same contract as attention_reference. kAvx2 falls back to scalar where the CPU lacks AVX2
-// or head_dim % 8 != 0.
+// Same contract as attention_reference. kAvx2 and kAvx512 run the AVX2 version (scalar where
+// the CPU lacks AVX2 or head_dim % 8 != 0).
 void attention_dense(const DenseKVView& kv, const AttentionQueries& queries,
                      const AttentionParams& params, float* out,
                      AttentionIsa isa = best_attention_isa(), float* lse = nullptr);

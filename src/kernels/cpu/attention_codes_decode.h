@@ -19,7 +19,8 @@
 //   static constexpr int kRegisters: vector registers of the instruction set (16 or 32);
 //   template <int B> static __m256 group(const uint8_t* p, const CodeTable& table):
 //     the centroids of the 8 codes of B bits starting at p.
-// Avx2Lookup is here. Include only from translation units compiled with AVX2/FMA/F16C.
+// Avx2Lookup is here; attention_codes_avx512.cc adds its own. Include only from translation
+// units compiled with AVX2/FMA/F16C or more.
 #pragma once
 
 #include <immintrin.h>

@@ -33,7 +33,9 @@ void attention_turboquant_scalar(const TurboQuantKVView& kv, const AttentionQuer
 
 void attention_turboquant(const TurboQuantKVView& kv, const AttentionQueries& queries,
                           const AttentionParams& params, float* out, AttentionIsa isa, float* lse) {
-  if (isa == AttentionIsa::kAvx2 && cpu_has_avx2() && kv.head_dim % 8 == 0) {
+  if (isa == AttentionIsa::kAvx512 && cpu_has_avx512() && kv.head_dim % 8 == 0) {
+    attention_detail::attention_turboquant_avx512(kv, queries, params, out, lse);
+  } else if (isa != AttentionIsa::kScalar && cpu_has_avx2() && kv.head_dim % 8 == 0) {
     attention_detail::attention_turboquant_avx2(kv, queries, params, out, lse);
   } else {
     attention_detail::attention_turboquant_scalar(kv, queries, params, out, lse);
@@ -42,7 +44,7 @@ void attention_turboquant(const TurboQuantKVView& kv, const AttentionQueries& qu
 
 void attention_uniform(const UniformKVView& kv, const AttentionQueries& queries,
                        const AttentionParams& params, float* out, AttentionIsa isa, float* lse) {
-  if (isa == AttentionIsa::kAvx2 && cpu_has_avx2() && kv.head_dim % 8 == 0) {
+  if (isa != AttentionIsa::kScalar && cpu_has_avx2() && kv.head_dim % 8 == 0) {
     attention_detail::attention_uniform_avx2(kv, queries, params, out, lse);
   } else {
     attention_detail::attention_uniform_scalar(kv, queries, params, out, lse);

@@ -7,6 +7,7 @@
 namespace turbokv {
 
 AttentionIsa best_attention_isa() {
+  if (cpu_has_avx512()) return AttentionIsa::kAvx512;
   return cpu_has_avx2() ? AttentionIsa::kAvx2 : AttentionIsa::kScalar;
 }
 
@@ -16,6 +17,8 @@ const char* attention_isa_name(AttentionIsa isa) {
       return "scalar";
     case AttentionIsa::kAvx2:
       return "avx2";
+    case AttentionIsa::kAvx512:
+      return "avx512";
   }
   return "?";
 }
@@ -29,7 +32,7 @@ void attention_dense_scalar(const DenseKVView& kv, const AttentionQueries& queri
 
 void attention_dense(const DenseKVView& kv, const AttentionQueries& queries,
                      const AttentionParams& params, float* out, AttentionIsa isa, float* lse) {
-  if (isa == AttentionIsa::kAvx2 && cpu_has_avx2() && kv.head_dim % 8 == 0) {
+  if (isa != AttentionIsa::kScalar && cpu_has_avx2() && kv.head_dim % 8 == 0) {
     attention_detail::attention_dense_avx2(kv, queries, params, out, lse);
   } else {
     attention_detail::attention_dense_scalar(kv, queries, params, out, lse);
