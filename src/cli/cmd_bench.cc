@@ -10,15 +10,19 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli/bench_e2e.h"
 #include "cli/bench_prefix.h"
 #include "cli/bench_memory.h"
 #include "cli/command.h"
+#include "core/cpu.h"
 #include "core/error.h"
 #include "core/threads.h"
+#include "kv/cache_policy.h"
 #include "kv/dense_kv_cache.h"
+#include "kv/kv_resolve.h"
 #include "kv/turboquant_kv_cache.h"
 #include "kv/uniform_kv_cache.h"
 
@@ -28,6 +32,8 @@ namespace {
 struct AttentionBenchFlags {
   std::string device = "cpu";
   std::string contexts = "1024,4096,16384,65536";
+  std::string turboquant_bits = "3.5";
+  std::string isa = "best";
   int threads = 2;
   int repeats = 0;  // 0: chosen per context
   bool json = false;
@@ -49,6 +55,38 @@ std::vector<int64_t> parse_contexts(const std::string& text) {
   return contexts;
 }
 
+// "3.5,4" -> the TurboQuant cache configurations of --kv-bits 3.5 and 4 (keys floor, values
+// ceil, as resolve_kv_options selects them).
+std::vector<std::pair<std::string, TurboQuantKVConfig>> parse_turboquant_bits(
+    const std::string& text) {
+  std::vector<std::pair<std::string, TurboQuantKVConfig>> configs;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    KVOptions options;
+    options.kv_bits = parse_kv_bits(item, "--turboquant-bits");
+    options.kv_quant_scheme = "turboquant";
+    configs.emplace_back(item, turboquant_config(resolve_kv_options(options)));
+  }
+  if (configs.empty()) throw InvalidArgument("--turboquant-bits: give at least one bit width");
+  return configs;
+}
+
+AttentionIsa parse_isa(const std::string& name) {
+  if (name == "best") return best_attention_isa();
+  for (AttentionIsa isa : {AttentionIsa::kScalar, AttentionIsa::kAvx2, AttentionIsa::kAvx512}) {
+    if (name == attention_isa_name(isa)) return isa;
+  }
+  throw InvalidArgument(
+      str_cat("--isa ", name, " is not an instruction set; allowed: best, avx512, avx2, scalar"));
+}
+
+// The ISA a kernel asked for `isa` runs on this CPU (attention.h falls back downwards).
+AttentionIsa usable_isa(AttentionIsa isa) {
+  if (isa == AttentionIsa::kAvx512 && !cpu_has_avx512()) isa = AttentionIsa::kAvx2;
+  if (isa == AttentionIsa::kAvx2 && !cpu_has_avx2()) isa = AttentionIsa::kScalar;
+  return isa;
+}
+
 // Fills a cache with `context` random tokens, appended in chunks as a prefill would.
 void fill(KVCache& cache, int64_t context, uint32_t seed) {
   constexpr int64_t kChunk = 4096;
@@ -66,17 +104,69 @@ void fill(KVCache& cache, int64_t context, uint32_t seed) {
   }
 }
 
-// The caches compared, each filled with the same tokens.
+// One side of the comparison: a cache filled with the same tokens as the others, and the
+// decode attention of its kernel on the chosen ISA.
 struct BenchCache {
-  const char* name;
+  std::string name;
   std::unique_ptr<KVCache> cache;
   std::vector<double> us;
+
+  void attend(const float* q, const AttentionParams& params, float* out, AttentionIsa isa) const {
+    const AttentionQueries queries{q, 1, cache->size() - 1};
+    if (const auto* dense = dynamic_cast<const DenseKVCache*>(cache.get())) {
+      attention_dense(dense->view(), queries, params, out, isa);
+    } else if (const auto* tq = dynamic_cast<const TurboQuantKVCache*>(cache.get())) {
+      attention_turboquant(tq->view(), queries, params, out, isa);
+    } else {
+      attention_uniform(dynamic_cast<const UniformKVCache&>(*cache).view(), queries, params, out,
+                        isa);
+    }
+  }
 };
 
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values[values.size() / 2];
 }
+
+double minimum(const std::vector<double>& values) {
+  return *std::min_element(values.begin(), values.end());
+}
+
+// The machine's streaming read bandwidth with the benchmark's threads: one pass summing a
+// buffer four times the size of the last-level caches here (256 MiB), in microseconds.
+class ReadBandwidth {
+ public:
+  ReadBandwidth() : data_(kBytes / sizeof(uint64_t), 1) {}
+  static constexpr size_t kBytes = size_t(256) << 20;
+
+  double time_us() {
+    const auto start = std::chrono::steady_clock::now();
+    const int64_t n = static_cast<int64_t>(data_.size());
+    std::vector<uint64_t> sums(num_threads() * 8, 0);
+    parallel_for(n, n / num_threads(), [&](int64_t begin, int64_t end) {
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      int64_t i = begin;
+      for (; i + 4 <= end; i += 4) {
+        s0 += data_[i];
+        s1 += data_[i + 1];
+        s2 += data_[i + 2];
+        s3 += data_[i + 3];
+      }
+      for (; i < end; ++i) s0 += data_[i];
+      sums[(begin * num_threads() / n) * 8] = s0 + s1 + s2 + s3;
+    });
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    for (uint64_t s : sums) checksum_ += s;
+    return us;
+  }
+  uint64_t checksum() const { return checksum_; }
+
+ private:
+  std::vector<uint64_t> data_;
+  uint64_t checksum_ = 0;
+};
 
 int run_attention_bench(const AttentionBenchFlags& flags) {
   if (flags.device != "cpu") {
@@ -88,6 +178,8 @@ int run_attention_bench(const AttentionBenchFlags& flags) {
   }
   if (flags.repeats < 0) throw InvalidArgument(str_cat("--repeats ", flags.repeats, " < 0"));
   const std::vector<int64_t> contexts = parse_contexts(flags.contexts);
+  const auto turboquant = parse_turboquant_bits(flags.turboquant_bits);
+  const AttentionIsa isa = usable_isa(parse_isa(flags.isa));
   set_num_threads(flags.threads);
   constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128;
   const AttentionParams params{kHeads, 1.0f / std::sqrt(float(kHeadDim)), 0.0f, 0};
@@ -95,72 +187,87 @@ int run_attention_bench(const AttentionBenchFlags& flags) {
   std::mt19937 gen(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (auto& x : q) x = normal(gen);
+  ReadBandwidth bandwidth;
 
   nlohmann::json results = nlohmann::json::array();
   if (!flags.json) {
-    std::printf("decode attention: %d query heads, %d KV heads, d=%d, %d threads, median us\n",
-                kHeads, kKvHeads, kHeadDim, flags.threads);
-    std::printf("%8s %10s %10s %8s %9s %10s %8s\n", "context", "dense_f16", "tq_3.5", "speedup",
-                "tq_GB/s", "uniform_4", "speedup");
+    std::printf(
+        "decode attention: %d query heads, %d KV heads, d=%d, %d threads, kernels %s (CPU: %s)\n"
+        "median and min us of interleaved runs; speedup = dense median / median (min / min); "
+        "GB/s = cache bytes read per second at the median; read = streaming-read loop, same "
+        "run\n",
+        kHeads, kKvHeads, kHeadDim, flags.threads, attention_isa_name(isa), cpu_feature_names());
+    std::printf("%8s %-10s %10s %10s %15s %8s %8s\n", "context", "cache", "median_us", "min_us",
+                "speedup", "GB/s", "read");
   }
   for (const int64_t context : contexts) {
     const int repeats = flags.repeats > 0
                             ? flags.repeats
                             : static_cast<int>(std::clamp<int64_t>((1 << 22) / context, 9, 200));
-    BenchCache caches[] = {
-        {"dense", std::make_unique<DenseKVCache>(kKvHeads, kHeadDim, KVDType::kF16), {}},
-        {"turboquant",
-         std::make_unique<TurboQuantKVCache>(kKvHeads, kHeadDim, TurboQuantKVConfig{3, 4, 0, true}),
-         {}},
-        {"uniform",
+    std::vector<BenchCache> caches;
+    caches.push_back(
+        {"dense_f16", std::make_unique<DenseKVCache>(kKvHeads, kHeadDim, KVDType::kF16), {}});
+    for (const auto& [bits, config] : turboquant) {
+      caches.push_back(
+          {"tq_" + bits, std::make_unique<TurboQuantKVCache>(kKvHeads, kHeadDim, config), {}});
+    }
+    caches.push_back(
+        {"uniform_4",
          std::make_unique<UniformKVCache>(kKvHeads, kHeadDim, UniformKVConfig{4, 4, 64}),
-         {}},
-    };
+         {}});
     for (auto& c : caches) {
       fill(*c.cache, context, 1);
-      c.cache->attend(q.data(), 1, params, out.data());  // warm-up
+      c.attend(q.data(), params, out.data(), isa);  // warm-up
     }
-    // Interleaved, so load from other processes hits all sides alike.
+    // Interleaved, so load from other processes hits all sides alike; the read loop runs
+    // every fourth round.
+    std::vector<double> read_us;
     for (int i = 0; i < repeats; ++i) {
       for (auto& c : caches) {
         const auto start = std::chrono::steady_clock::now();
-        c.cache->attend(q.data(), 1, params, out.data());
+        c.attend(q.data(), params, out.data(), isa);
         c.us.push_back(
             std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
                 .count());
       }
+      if (i % 4 == 0) read_us.push_back(bandwidth.time_us());
     }
-    const double dense_us = median(caches[0].us);
-    const double quant_us = median(caches[1].us);
-    const double uniform_us = median(caches[2].us);
-    nlohmann::json r = {{"context", context},
-                        {"dense_us", dense_us},
-                        {"quant_us", quant_us},
-                        {"speedup", dense_us / quant_us},
-                        {"quant_gbps", caches[1].cache->nbytes() / quant_us / 1e3},
-                        {"dense_gbps", caches[0].cache->nbytes() / dense_us / 1e3},
-                        {"uniform_us", uniform_us},
-                        {"uniform_speedup", dense_us / uniform_us},
-                        {"uniform_gbps", caches[2].cache->nbytes() / uniform_us / 1e3},
-                        {"dense_bytes", caches[0].cache->nbytes()},
-                        {"quant_bytes", caches[1].cache->nbytes()},
-                        {"uniform_bytes", caches[2].cache->nbytes()},
-                        {"repeats", repeats}};
-    results.push_back(r);
-    if (!flags.json) {
-      std::printf("%8lld %10.1f %10.1f %7.2fx %9.1f %10.1f %7.2fx\n",
-                  static_cast<long long>(context), dense_us, quant_us, dense_us / quant_us,
-                  r["quant_gbps"].get<double>(), uniform_us, dense_us / uniform_us);
+    const double read_gbps = ReadBandwidth::kBytes / minimum(read_us) / 1e3;
+    const double dense_median = median(caches[0].us), dense_min = minimum(caches[0].us);
+    nlohmann::json row = {{"context", context},
+                          {"repeats", repeats},
+                          {"read_gbps", read_gbps},
+                          {"caches", nlohmann::json::array()}};
+    for (const auto& c : caches) {
+      const double med = median(c.us), best = minimum(c.us);
+      const double gbps = c.cache->nbytes() / med / 1e3;
+      row["caches"].push_back({{"cache", c.name},
+                               {"median_us", med},
+                               {"min_us", best},
+                               {"speedup", dense_median / med},
+                               {"speedup_min", dense_min / best},
+                               {"gbps", gbps},
+                               {"bytes", c.cache->nbytes()}});
+      if (!flags.json) {
+        char speedup[32];
+        std::snprintf(speedup, sizeof(speedup), "%.2fx (%.2fx)", dense_median / med,
+                      dense_min / best);
+        std::printf("%8lld %-10s %10.1f %10.1f %15s %8.1f %8.1f\n", static_cast<long long>(context),
+                    c.name.c_str(), med, best, speedup, gbps, read_gbps);
+      }
     }
+    results.push_back(row);
   }
   if (flags.json) {
     nlohmann::json doc = {{"device", flags.device},
                           {"threads", flags.threads},
+                          {"isa", attention_isa_name(isa)},
+                          {"cpu_features", cpu_feature_names()},
                           {"heads", kHeads},
                           {"kv_heads", kKvHeads},
                           {"head_dim", kHeadDim},
-                          {"quant", "turboquant K3/V4 (3.5)"},
                           {"uniform", "uniform 4-bit g64"},
+                          {"read_checksum", bandwidth.checksum()},
                           {"results", results}};
     std::printf("%s\n", doc.dump().c_str());
   }
@@ -172,13 +279,17 @@ int bench_main(int argc, char** argv) {
   app.require_subcommand(1);
   AttentionBenchFlags attention;
   CLI::App* attention_cmd =
-      app.add_subcommand("attention", "decode attention: dense f16 vs TurboQuant 3.5 vs uniform 4");
+      app.add_subcommand("attention", "decode attention: dense f16 vs TurboQuant vs uniform 4");
   attention_cmd->add_option("--device", attention.device, "cpu (cuda: not in this build)");
   attention_cmd->add_option("--contexts", attention.contexts, "comma-separated context lengths");
   attention_cmd->add_option("--threads", attention.threads, "worker threads")
       ->check(integer_in(0, 1024));
   attention_cmd->add_option("--repeats", attention.repeats, "timed runs per kernel (median)")
       ->check(integer_in(0, 1 << 20));
+  attention_cmd->add_option("--turboquant-bits", attention.turboquant_bits,
+                            "comma-separated TurboQuant --kv-bits to compare (e.g. 3.5,4,2.5)");
+  attention_cmd->add_option("--isa", attention.isa,
+                            "kernels' instruction set: best, avx512, avx2, scalar");
   attention_cmd->add_flag("--json", attention.json, "print one JSON object");
   E2EBenchFlags e2e;
   CLI::App* e2e_cmd = add_e2e_bench(app, e2e);
