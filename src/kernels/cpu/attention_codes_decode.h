@@ -91,6 +91,17 @@ struct Avx2Lookup {
   }
 };
 
+// An empty asm that makes x opaque: the compiler keeps it in a register instead of reloading
+// it from memory at every use (with 16 vector registers GCC otherwise folds the query loads
+// into each multiply-add, and the loads, not the multiply-adds, bound the score loop).
+__attribute__((always_inline)) inline void keep_in_register(__m256& x) {
+#if defined(__AVX512VL__)
+  asm("" : "+v"(x));
+#else
+  asm("" : "+x"(x));
+#endif
+}
+
 // The largest power of two s <= max with registers_used(s) <= registers.
 constexpr int largest_span(int max, int registers, int (*registers_used)(int, int), int rows) {
   int s = max;
@@ -192,7 +203,8 @@ __attribute__((always_inline)) inline int score_keys(const CodeTable& table, con
       __m256 x[TT];
       for (int u = 0; u < TT; ++u) x[u] = Lookup::template group<B>(c + u * stride + g * B, table);
       for (int r = 0; r < R; ++r) {
-        const __m256 qv = _mm256_loadu_ps(q + r * d + 8 * g);
+        __m256 qv = _mm256_loadu_ps(q + r * d + 8 * g);
+        keep_in_register(qv);  // one load for the TT keys, not one per multiply-add
         for (int u = 0; u < TT; ++u) a[r * TT + u] = _mm256_fmadd_ps(qv, x[u], a[r * TT + u]);
       }
     }
