@@ -5,6 +5,10 @@
 #include <string>
 #include <utility>
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#endif
+
 namespace turbokv {
 namespace {
 
@@ -13,6 +17,14 @@ bool env_flag(const char* name) {
   return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
 }
 
+#if defined(__x86_64__) || defined(_M_X64)
+// F16C from CPUID leaf 1 (ECX bit 29): clang has no "f16c" for __builtin_cpu_supports.
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+}
+#endif
+
 }  // namespace
 
 bool cpu_has_avx2() {
@@ -20,8 +32,7 @@ bool cpu_has_avx2() {
     if (env_flag("TURBOKV_FORCE_SCALAR")) return false;
 #if defined(__x86_64__) || defined(_M_X64)
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
 #else
     return false;
 #endif
@@ -51,7 +62,7 @@ const char* cpu_feature_names() {
     const std::pair<const char*, bool> features[] = {
         {"avx2", __builtin_cpu_supports("avx2")},
         {"fma", __builtin_cpu_supports("fma")},
-        {"f16c", __builtin_cpu_supports("f16c")},
+        {"f16c", cpu_has_f16c()},
         {"avx512f", __builtin_cpu_supports("avx512f")},
         {"avx512bw", __builtin_cpu_supports("avx512bw")},
         {"avx512vl", __builtin_cpu_supports("avx512vl")},

@@ -237,7 +237,7 @@ void reject_unknown_fields(const json& body, bool chat) {
                                       "tool_choice"};
   static const char* const kCompletion[] = {"prompt", "logprobs", "echo", "best_of", "suffix"};
   for (const auto& [key, value] : body.items()) {
-    auto in = [&key](const auto& names) {
+    auto in = [&key = key](const auto& names) {
       return std::any_of(std::begin(names), std::end(names),
                          [&key](const char* n) { return key == n; });
     };

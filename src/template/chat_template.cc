@@ -245,7 +245,8 @@ class Renderer {
     for (const auto& [key, value] : kwargs) {
       const bool known =
           key == "caller" ||
-          std::any_of(params.begin(), params.end(), [&](const auto& p) { return p.name == key; });
+          std::any_of(params.begin(), params.end(),
+                      [&key = key](const auto& p) { return p.name == key; });
       if (!known) {
         throw TemplateError(
             str_cat("macro '", name, "' was invoked with an unknown keyword argument '", key, "'"));

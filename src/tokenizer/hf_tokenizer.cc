@@ -91,7 +91,7 @@ void HfTokenizer::load_model_config(const std::string& dir) {
         AddedToken token;
         token.id = id;
         token.content = token_content(entry).value_or("");
-        auto flag = [&](const char* key) {
+        auto flag = [&entry = entry](const char* key) {
           return entry.contains(key) && entry[key].is_boolean() && entry[key].get<bool>();
         };
         token.special = flag("special");
