@@ -30,15 +30,26 @@ function(turbokv_add_subfolders dir)
 endfunction()
 
 # turbokv_test(NAME name SOURCES a.cc b.cc DEPS lib1 lib2)
-# One GoogleTest executable; every TEST becomes a ctest entry. Tests find the repo (and its
-# fixtures under tests/fixtures) through TURBOKV_SOURCE_DIR.
+# One GoogleTest executable; every TEST becomes a ctest entry labelled "cxx". Tests find the
+# repo (and its fixtures under tests/fixtures) through TURBOKV_SOURCE_DIR. The target
+# turbokv_cxx_tests builds every such executable (and nothing else: the sanitizer run of
+# scripts/test.sh).
 function(turbokv_test)
   cmake_parse_arguments(T "" "NAME" "SOURCES;DEPS" ${ARGN})
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main)
   target_include_directories(${T_NAME} PRIVATE ${CMAKE_SOURCE_DIR})
   target_compile_definitions(${T_NAME} PRIVATE TURBOKV_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
-  gtest_discover_tests(${T_NAME} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 600)
+  gtest_discover_tests(${T_NAME} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 600 LABELS cxx)
+  turbokv_add_to_cxx_tests(${T_NAME})
+endfunction()
+
+# turbokv_add_to_cxx_tests(target): makes the target turbokv_cxx_tests build it too.
+function(turbokv_add_to_cxx_tests target)
+  if(NOT TARGET turbokv_cxx_tests)
+    add_custom_target(turbokv_cxx_tests)
+  endif()
+  add_dependencies(turbokv_cxx_tests ${target})
 endfunction()
 
 # turbokv_cli_pytest(NAME name SCRIPT test_x.py)
