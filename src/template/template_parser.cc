@@ -4,7 +4,10 @@
 #include "template/template_parser.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "core/error.h"
 #include "core/utf8.h"
@@ -361,6 +364,21 @@ class Parser {
   [[noreturn]] void fail(const std::string& message) const {
     throw errors_.error(peek().offset, message);
   }
+  // The next token, an integer literal. Python's ints are unbounded, ours are 64-bit: a larger
+  // literal is a syntax error at it.
+  int64_t int_literal() {
+    const Token& t = peek();
+    try {
+      const int64_t v = std::stoll(t.value);
+      advance();
+      return v;
+    } catch (const std::out_of_range&) {
+      const std::string shown = t.value.size() > 32 ? t.value.substr(0, 32) + "..." : t.value;
+      fail(str_cat("integer literal ", shown, " is out of the 64-bit range"));
+    }
+  }
+  // The next token, a float literal, as Python reads it: too large is inf, too small 0.
+  double float_literal() { return std::strtod(advance().value.c_str(), nullptr); }
   std::string describe(const Token& t) const {
     switch (t.type) {
       case Type::kEnd:
@@ -767,14 +785,8 @@ class Parser {
       while (peek().type == Type::kString) text += advance().value;
       return literal(Value(std::move(text)), at);
     }
-    if (t.type == Type::kInt) {
-      try {
-        return literal(Value(static_cast<int64_t>(std::stoll(advance().value))), at);
-      } catch (const std::out_of_range&) {
-        fail("integer literal out of range");
-      }
-    }
-    if (t.type == Type::kFloat) return literal(Value(std::stod(advance().value)), at);
+    if (t.type == Type::kInt) return literal(Value(int_literal()), at);
+    if (t.type == Type::kFloat) return literal(Value(float_literal()), at);
     if (is_op("(")) {
       advance();
       if (is_op(")")) {
@@ -839,7 +851,7 @@ class Parser {
         if (peek().type == Type::kInt) {  // x.0 is x[0]
           e->kind = Expr::Kind::kItem;
           e->items.push_back(std::move(node));
-          e->items.push_back(literal(Value(static_cast<int64_t>(std::stoll(advance().value))), at));
+          e->items.push_back(literal(Value(int_literal()), at));
         } else {
           e->name = expect_name();
           e->items.push_back(std::move(node));

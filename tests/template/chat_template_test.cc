@@ -236,6 +236,27 @@ TEST(ChatTemplateBounds, NestingCyclesAndIntegersAreErrors) {
             "[9223372036854775800, 9223372036854775805]");
 }
 
+// Number literals past the C++ types: an integer beyond 64 bits is a syntax error at it (also
+// after a dot, x.0 being x[0]); a float literal overflows to inf and underflows to 0 as Python's.
+TEST(ChatTemplate, NumberLiteralsOutOfRange) {
+  auto error_of = [](const std::string& source) {
+    try {
+      ChatTemplate::parse(source);
+    } catch (const FormatError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error_of("{{ 99999999999999999999 }}"),
+            "template syntax error at 1:4: integer literal 99999999999999999999 is out of the "
+            "64-bit range");
+  EXPECT_EQ(error_of("{{ loop.777777777777777777777777777777777777777777index0 }}"),
+            "template syntax error at 1:9: integer literal 77777777777777777777777777777777... is "
+            "out of the 64-bit range");
+  EXPECT_EQ(render("{{ 9223372036854775807 }}|{{ [5].0 }}|{{ 1e999 }}|{{ -1e999 }}|{{ 1e-999 }}"),
+            "9223372036854775807|5|inf|-inf|0.0");
+}
+
 TEST(ChatTemplate, SyntaxErrorsNameLineAndColumn) {
   auto error_of = [](const std::string& source) {
     try {
