@@ -1,6 +1,7 @@
 // Soak test of `turbokv server` on loopback, bounded in time: many concurrent clients mix good
-// requests (plain and streamed, dense and TurboQuant), streams aborted mid-way, plain requests
-// abandoned before their answer, malformed and oversized requests and raw garbage connections.
+// requests (plain and streamed, dense and TurboQuant, two in five sharing a long prompt prefix
+// that the prefix cache serves), streams aborted mid-way, plain requests abandoned before their
+// answer, malformed and oversized requests and raw garbage connections.
 // Afterwards every good response must equal the same request made alone, /metrics must be back
 // to idle, and the server's RSS and open file descriptors back to their baseline.
 //
@@ -79,6 +80,25 @@ for (const prompt of PROMPTS) {
                       temperature: 0 } });
 }
 
+// Requests that share a long prompt prefix (~5 prefix-cache blocks of 64 tokens), so that
+// concurrent requests restore the same cached blocks while others on it are aborted; the first
+// solo run stores the prefix, later ones are served from it.
+const PREFIX = Array.from({ length: 24 }, (_, i) =>
+  `def f${i}(x):\n    return x * ${i} + ${i + 1}\n\n`).join('');
+const PREFIXED = [];
+for (const suffix of ['def main():\n', 'import os\n']) {
+  for (const kv of [{}, { kv_bits: 3.5 }]) {
+    PREFIXED.push({ path: '/v1/completions',
+                    body: { model: 'm', prompt: PREFIX + suffix, max_tokens: 24, temperature: 0,
+                            ...kv } });
+  }
+}
+PREFIXED.push({ path: '/v1/chat/completions',
+                body: { model: 'm', messages: [{ role: 'user', content: PREFIX + 'def main():\n' }],
+                        max_tokens: 24, temperature: 0 } });
+const UNPREFIXED = [...GOOD];
+GOOD.push(...PREFIXED);
+
 // Connection: close, so that no idle keep-alive connection is left when the soak ends.
 function post(url, path, body, init = {}) {
   return fetch(`${url}${path}`, {
@@ -123,7 +143,8 @@ async function client(url, id, deadline, counts, solo) {
   const random = rng(1000 + id);
   while (Date.now() < deadline) {
     const r = random();
-    const req = GOOD[Math.floor(random() * GOOD.length)];
+    const pool = random() < 0.4 ? PREFIXED : UNPREFIXED;  // two in five share the long prefix
+    const req = pool[Math.floor(random() * pool.length)];
     if (r < 0.45) {  // a good request, plain or streamed
       const stream = random() < 0.5;
       const text = await goodText(url, req, stream);
@@ -184,6 +205,7 @@ async function main() {
     const rssBefore = rssKiB(pid);
     const fdsBefore = openFds(pid);
 
+    const hitsBefore = (await metrics(url)).turbokv_prefix_cache_hits_total;
     const counts = { good: 0, streamAborts: 0, plainAborts: 0, bad: 0, garbage: 0 };
     const loadStart = Date.now();
     const deadline = loadStart + LOAD_SECONDS * 1000;
@@ -201,6 +223,8 @@ async function main() {
     assert.equal(m.turbokv_active_sequences, 0, 'active sequences after the soak');
     assert.equal(m.turbokv_waiting_requests, 0, 'waiting requests after the soak');
     assert.equal(m.turbokv_kv_bytes, 0, 'KV bytes after the soak');
+    const prefixHits = m.turbokv_prefix_cache_hits_total - hitsBefore;
+    assert.ok(prefixHits >= 10, `${prefixHits} prefix cache hits during the soak`);
     // Every connection closes after its response (the garbage ones within the request timeout).
     let fds = openFds(pid);
     for (let i = 0; i < 80 && fds !== fdsBefore; ++i) {
@@ -220,7 +244,9 @@ async function main() {
                 `(${counts.good} good, all equal to their solo run; ${counts.streamAborts} streams ` +
                 `aborted mid-way; ${counts.plainAborts} plain requests abandoned; ${counts.bad} ` +
                 `bad; ${counts.garbage} garbage connections); ${m.turbokv_requests_total} ` +
-                `generation requests, ${m.turbokv_requests_failed_total} failed; RSS ` +
+                `generation requests, ${m.turbokv_requests_failed_total} failed; ${prefixHits} ` +
+                `prefix cache hits (${m.turbokv_prefix_cache_hit_tokens_total} prompt tokens ` +
+                `restored in all); RSS ` +
                 `${(rssBefore / 1024).toFixed(1)} MiB before, ${(rssAfter / 1024).toFixed(1)} MiB ` +
                 `after; open fds ${fdsBefore} before, ${fds} after; ` +
                 `${((Date.now() - t0) / 1000).toFixed(1)} s in all`);
