@@ -71,7 +71,9 @@ EOF
 esac
 
 log=build-fuzz/$target.log
-flags=(-max_total_time="$seconds" -max_len="$max_len" -timeout=10 -rss_limit_mb=2048
+# -timeout is wall-clock time: generous, so that a niced run on a busy machine is not stopped for
+# waiting its turn (the readers bound their own work).
+flags=(-max_total_time="$seconds" -max_len="$max_len" -timeout=60 -rss_limit_mb=2048
        -print_final_stats=1 -artifact_prefix="$artifacts/")
 [ -n "$dict" ] && flags+=(-dict="$dict")
 status=0 start=$SECONDS
