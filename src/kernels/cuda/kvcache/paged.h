@@ -1,0 +1,177 @@
+// Paged KV caches on the GPU: the block formats and the kernels that write and read them.
+//
+// A sequence's cache for one layer is a list of blocks of kBlockTokens tokens; block i holds
+// tokens [i * kBlockTokens, (i + 1) * kBlockTokens) for every KV head. A block table row per
+// sequence lists the blocks' device addresses; entries past the sequence's blocks point at a
+// zero-filled block of the same format (so a kernel may read ahead without a bounds check).
+// Blocks come from a shared pool (kv/device_pool.h), so one long sequence and many short ones
+// share one budget, and a block can be shared by several sequences (prefix caching).
+//
+// Block layouts (row-major; every section starts at a multiple of 16 B):
+//   kDense (T = float, __half or __nv_bfloat16):
+//     [K: kv_heads][kBlockTokens][head_dim] T | [V: kv_heads][kBlockTokens][head_dim] T
+//   kTurboQuant (the CPU codecs' records, quant/codec.h: LSB-first codes, fp16 norms):
+//     [K codes: kv_heads][kBlockTokens][key code_bytes]
+//     [V codes: kv_heads][kBlockTokens][value code_bytes]
+//     [K norms: kv_heads][kBlockTokens][key norms_per_vector] fp16
+//     [V norms: kv_heads][kBlockTokens][value norms_per_vector] fp16
+//   kUniform (quant/codec_uniform.h records):
+//     [K codes][V codes] as above | [K params: kv_heads][kBlockTokens][groups][2] fp16 (scale,
+//     min) | [V params]
+//   kTurboQuant35 (the fused K3/V4, head_dim 128 format of kernels/cuda/tq_layout.h):
+//     [kv_heads][kBlockTokens / 32 tiles][3712 B]
+// So a token's codes and norms are byte-identical to the CPU cache's rows (tq_layout.h
+// converts the fused format), and save/load goes through the CPU caches' file records.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace turbokv::cuda {
+
+constexpr int kBlockTokens = 256;
+
+enum class DenseElem : uint8_t { kF32, kF16, kBF16 };
+
+// ---------------------------------------------------------------------------------------------
+// Formats (host and device). Offsets are within one block.
+
+struct DenseFormat {
+  DenseElem elem = DenseElem::kF16;
+  int kv_heads = 0;
+  int head_dim = 0;
+};
+
+// One segment of a TurboQuant vector: an MSE codec over `dim` of the vector's channels. An
+// integer-bit codec is one segment over all channels in natural order; the split codec
+// (k + 0.5 bits) is two: the high channels at k + 1 bits, then the low ones at k bits.
+// Operation order of the quantize kernel: quant/codec_mse.h and quant/rotation.h, bit for bit.
+struct TQSegment {
+  int dim = 0;
+  int bits = 0;          // 1..8
+  int code_offset = 0;   // byte offset of the segment's codes inside the vector's codes
+  int norm_index = 0;    // which of the vector's fp16 norms is this segment's
+  int norm_correction = 1;
+  int hadamard = 0;      // 1: randomized Hadamard (dim a power of two), else a dense matrix
+  float hadamard_scale = 0;      // float(1 / sqrt(dim))
+  const uint32_t* sign_words = nullptr;  // [ceil(dim / 32)] bit i: channel i flips (Hadamard)
+  const float* rotation = nullptr;       // [dim, dim] row-major R (dense), y = R u
+  const float* rotation_t = nullptr;     // [dim, dim] R^T (dense)
+  const float* centroids = nullptr;      // [2^bits]
+  const float* boundaries = nullptr;     // [2^bits - 1]
+  // [kv_heads, dim]: segment coordinate i of KV head h is channel channels[h * dim + i] of the
+  // vector (identity for an integer-bit codec; the split codec's channel order per head).
+  const int* channels = nullptr;
+};
+
+struct TQTensorFormat {
+  int segments = 1;  // 1 or 2
+  TQSegment seg[2];
+  int code_bytes = 0;        // per vector, all segments
+  int norms_per_vector = 1;  // == segments
+  // Optional per-KV-head centering mean [kv_heads, head_dim] fp16 (nullptr: none): the coded
+  // vector is x - float(mean); attention adds float(mean) of the values back to the output.
+  const __half* mean = nullptr;
+};
+
+struct TQFormat {
+  int kv_heads = 0;
+  int head_dim = 0;
+  TQTensorFormat key, value;  // all pointers are device pointers
+};
+
+struct UniformTensorFormat {
+  int bits = 0;        // 2..8
+  int group_size = 0;  // 32, 64, 128 (head_dim % group_size == 0, or the last group is short)
+  int code_bytes = 0;  // per vector
+  int groups = 0;      // per vector
+};
+
+struct UniformFormat {
+  int kv_heads = 0;
+  int head_dim = 0;
+  UniformTensorFormat key, value;
+};
+
+// Bytes of one block and the offsets of its sections.
+struct BlockGeometry {
+  size_t block_bytes = 0;
+  size_t k_offset = 0, v_offset = 0;            // codes or elements
+  size_t k_aux_offset = 0, v_aux_offset = 0;    // norms (TurboQuant) or params (uniform)
+};
+BlockGeometry block_geometry(const DenseFormat& f);
+BlockGeometry block_geometry(const TQFormat& f);
+BlockGeometry block_geometry(const UniformFormat& f);
+BlockGeometry block_geometry_tq35(int kv_heads);
+
+// ---------------------------------------------------------------------------------------------
+// The sequences of one call.
+
+struct PagedBatch {
+  const uint8_t* const* block_table = nullptr;  // [batch, table_stride] (device)
+  int table_stride = 0;
+  const int* seq_len = nullptr;  // [batch] tokens in each cache after this step's append (device)
+  int batch = 0;
+  // Host-side bound on seq_len (sizes the split grid). For a CUDA graph, the capacity the
+  // graph was captured for: blocks past a sequence's length return at once.
+  int max_len = 0;
+};
+
+// Rows of new keys and values: row r belongs to sequence row_seq[r] at position row_pos[r].
+struct AppendRows {
+  const float* k = nullptr;      // [rows, kv_heads, head_dim] (device)
+  const float* v = nullptr;      // [rows, kv_heads, head_dim] (device)
+  const int* row_seq = nullptr;  // [rows] (device)
+  const int* row_pos = nullptr;  // [rows] (device)
+  int rows = 0;
+};
+
+// Queries of one call: sequence b's queries are rows q_start[b] .. q_start[b + 1] - 1 of q and
+// out, at its last n_q(b) positions (query i sees tokens < seq_len[b] - n_q(b) + i + 1).
+struct QueryRows {
+  const float* q = nullptr;      // [rows, n_heads, head_dim] (device)
+  float* out = nullptr;          // [rows, n_heads, head_dim] (device)
+  const int* q_start = nullptr;  // [batch + 1] (device)
+  int max_n_q = 0;               // host-side max over the batch of n_q(b)
+};
+
+struct AttentionOptions {
+  int n_heads = 0;           // a positive multiple of kv_heads (GQA)
+  float scale = 0;           // score = scale * <q, k>
+  float logit_softcap = 0;   // > 0: score = cap * tanh(score / cap)
+  int sliding_window = 0;    // > 0: a query at p sees keys in (p - W, p]
+};
+
+// Scratch of an attention call: split partials. Size it with paged_attention_workspace_bytes
+// (depends on the batch, rows, heads and max_len); no zero-fill needed.
+size_t paged_attention_workspace_bytes(const PagedBatch& batch, const QueryRows& queries,
+                                       const AttentionOptions& options, int kv_heads,
+                                       int head_dim);
+
+// Writers: quantize (or convert) the rows into their blocks. Codes and norms are bit-identical
+// to the CPU codecs (quant/), dense elements are rounded like core/half.h. Throw
+// InvalidArgument for unsupported formats.
+void paged_append(const DenseFormat& f, const PagedBatch& b, const AppendRows& rows,
+                  cudaStream_t stream);
+void paged_append(const TQFormat& f, const PagedBatch& b, const AppendRows& rows,
+                  cudaStream_t stream);
+void paged_append(const UniformFormat& f, const PagedBatch& b, const AppendRows& rows,
+                  cudaStream_t stream);
+
+// Attention over the blocks (decode and prefill over a cached past; causal, sliding window,
+// soft-cap, GQA), split over the sequence with an online-softmax merge. out may not alias q.
+void paged_attention(const DenseFormat& f, const PagedBatch& b, const QueryRows& q,
+                     const AttentionOptions& o, void* workspace, size_t workspace_bytes,
+                     cudaStream_t stream);
+void paged_attention(const TQFormat& f, const PagedBatch& b, const QueryRows& q,
+                     const AttentionOptions& o, void* workspace, size_t workspace_bytes,
+                     cudaStream_t stream);
+void paged_attention(const UniformFormat& f, const PagedBatch& b, const QueryRows& q,
+                     const AttentionOptions& o, void* workspace, size_t workspace_bytes,
+                     cudaStream_t stream);
+
+}  // namespace turbokv::cuda
