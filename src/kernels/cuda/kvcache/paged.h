@@ -63,9 +63,9 @@ struct TQSegment {
   const float* rotation_t = nullptr;     // [dim, dim] R^T (dense)
   const float* centroids = nullptr;      // [2^bits]
   const float* boundaries = nullptr;     // [2^bits - 1]
-  // [kv_heads, dim]: segment coordinate i of KV head h is channel channels[h * dim + i] of the
-  // vector (identity for an integer-bit codec; the split codec's channel order per head).
-  const int* channels = nullptr;
+  // Segment coordinate i of KV head h is channel order[h * head_dim + channel_offset + i] of
+  // the vector (TQSequenceState::*_order; identity when that is null).
+  int channel_offset = 0;
 };
 
 struct TQTensorFormat {
@@ -73,9 +73,21 @@ struct TQTensorFormat {
   TQSegment seg[2];
   int code_bytes = 0;        // per vector, all segments
   int norms_per_vector = 1;  // == segments
-  // Optional per-KV-head centering mean [kv_heads, head_dim] fp16 (nullptr: none): the coded
-  // vector is x - float(mean); attention adds float(mean) of the values back to the output.
-  const __half* mean = nullptr;
+};
+
+// State a TurboQuant cache fixes from the first chunk it sees, per sequence (device pointers,
+// nullptr = none). The kernels take one per sequence of the batch: `const TQSequenceState*
+// states` [batch] in device memory.
+//  - *_order [kv_heads, head_dim]: the split codec's channel order per KV head (high channels
+//    first); null for integer bits (natural order).
+//  - *_mean [kv_heads, head_dim] fp16: centering; the coded vector is x - float(mean) (fp32
+//    subtraction), and attention adds float(value_mean) to the output (softmax ignores the
+//    key mean's constant score shift).
+struct TQSequenceState {
+  const int* key_order = nullptr;
+  const int* value_order = nullptr;
+  const __half* key_mean = nullptr;
+  const __half* value_mean = nullptr;
 };
 
 struct TQFormat {
@@ -157,8 +169,8 @@ size_t paged_attention_workspace_bytes(const PagedBatch& batch, const QueryRows&
 // InvalidArgument for unsupported formats.
 void paged_append(const DenseFormat& f, const PagedBatch& b, const AppendRows& rows,
                   cudaStream_t stream);
-void paged_append(const TQFormat& f, const PagedBatch& b, const AppendRows& rows,
-                  cudaStream_t stream);
+void paged_append(const TQFormat& f, const PagedBatch& b, const TQSequenceState* states,
+                  const AppendRows& rows, cudaStream_t stream);
 void paged_append(const UniformFormat& f, const PagedBatch& b, const AppendRows& rows,
                   cudaStream_t stream);
 
@@ -167,9 +179,9 @@ void paged_append(const UniformFormat& f, const PagedBatch& b, const AppendRows&
 void paged_attention(const DenseFormat& f, const PagedBatch& b, const QueryRows& q,
                      const AttentionOptions& o, void* workspace, size_t workspace_bytes,
                      cudaStream_t stream);
-void paged_attention(const TQFormat& f, const PagedBatch& b, const QueryRows& q,
-                     const AttentionOptions& o, void* workspace, size_t workspace_bytes,
-                     cudaStream_t stream);
+void paged_attention(const TQFormat& f, const PagedBatch& b, const TQSequenceState* states,
+                     const QueryRows& q, const AttentionOptions& o, void* workspace,
+                     size_t workspace_bytes, cudaStream_t stream);
 void paged_attention(const UniformFormat& f, const PagedBatch& b, const QueryRows& q,
                      const AttentionOptions& o, void* workspace, size_t workspace_bytes,
                      cudaStream_t stream);
