@@ -39,11 +39,11 @@ def load_lib(path):
     lib.tkv_last_error.restype = ctypes.c_char_p
     lib.tkv_tq_tile_bytes.restype = I
     lib.tkv_tq_quantize.restype = D64
-    lib.tkv_tq_quantize.argtypes = [P, P, P, P, I, I, I, I, U64]
+    lib.tkv_tq_quantize.argtypes = [P, P, P, I, I, I, I, U64]
     lib.tkv_tq_graph.restype = P
     lib.tkv_tq_graph.argtypes = [P, I, I, S, P, I, P, I, I, I, F32, P, U64, I, I]
     lib.tkv_dense_graph.restype = P
-    lib.tkv_dense_graph.argtypes = [P, P, I, I, S, P, I, P, I, I, I, F32, P, I]
+    lib.tkv_dense_graph.argtypes = [P, I, I, S, P, I, P, I, I, I, F32, P, I]
     lib.tkv_graph_us.restype = D64
     lib.tkv_graph_us.argtypes = [P]
     lib.tkv_graph_free.argtypes = [P]
@@ -122,18 +122,31 @@ def copy_bandwidth():
     return 2 * n / (times[len(times) // 2] * 1e-3) / 1e9
 
 
+def n_blocks_of(ctx):
+    """256-token cache blocks of a sequence of ctx tokens."""
+    return (ctx + 255) // 256
+
+
 def quantize_sequences(lib, tiles, batch, ctx, seed, kv_of):
     """Quantizes sequence b's K and V, kv_of(b) = (k, v) as [ctx, kv_heads, D] (any float
-    dtype), into tiles[b * per_seq:] with the library's TurboQuant 3.5 kernel."""
-    max_tiles = (ctx + 31) // 32
-    per_seq = KV_HEADS * max_tiles * lib.tkv_tq_tile_bytes()
-    zero = torch.zeros(1, dtype=torch.int32, device=tiles.device)
+    dtype), into its paged blocks tiles[b * per_seq:] with the library's TurboQuant 3.5 kernel."""
+    n_blocks = n_blocks_of(ctx)
+    per_seq = n_blocks * KV_HEADS * 8 * lib.tkv_tq_tile_bytes()
     for b in range(batch):
         kb, vb = (x.float().contiguous() for x in kv_of(b))
-        check(lib, lib.tkv_tq_quantize(kb.data_ptr(), vb.data_ptr(), zero.data_ptr(),
-                                       tiles.data_ptr() + b * per_seq, 1, ctx, KV_HEADS,
-                                       max_tiles, seed), "quantize")
+        check(lib, lib.tkv_tq_quantize(kb.data_ptr(), vb.data_ptr(), tiles.data_ptr() + b * per_seq,
+                                       1, ctx, KV_HEADS, n_blocks, seed), "quantize")
         del kb, vb
+
+
+def dense_blocks(k, v):
+    """k, v [copies, batch, kv_heads, ctx, D] fp16 -> paged blocks [copies, batch, n_blocks,
+    2 (K, V), kv_heads, 256, D] (ctx a multiple of 256)."""
+    c, b, h, ctx, d = k.shape
+    nb = ctx // 256
+    kb = k.view(c, b, h, nb, 256, d).permute(0, 1, 3, 2, 4, 5)
+    vb = v.view(c, b, h, nb, 256, d).permute(0, 1, 3, 2, 4, 5)
+    return torch.stack([kb, vb], dim=3).contiguous()
 
 
 def run_case(lib, batch, ctx, variants=(), seed=0):
@@ -141,8 +154,8 @@ def run_case(lib, batch, ctx, variants=(), seed=0):
     dev = "cuda"
     scale = 1.0 / math.sqrt(D)
     tile_bytes = lib.tkv_tq_tile_bytes()
-    max_tiles = (ctx + 31) // 32
-    tq_copy = batch * KV_HEADS * max_tiles * tile_bytes
+    n_blocks = n_blocks_of(ctx)
+    tq_copy = batch * KV_HEADS * n_blocks * 8 * tile_bytes
     f16_copy = batch * KV_HEADS * ctx * D * 2 * 2
     tq_copies = max(1, -(-MIN_TOUCHED // tq_copy))
     f16_copies = max(1, -(-MIN_TOUCHED // f16_copy))
@@ -165,15 +178,16 @@ def run_case(lib, batch, ctx, variants=(), seed=0):
     out_tq = torch.empty(batch, 1, N_HEADS, D, device=dev)
     out_dense = torch.empty_like(out_tq)
     def tq_graph(l, out, programmatic):
-        return l.tkv_tq_graph(tiles.data_ptr(), max_tiles, tq_copies, tq_copy, lens.data_ptr(),
+        return l.tkv_tq_graph(tiles.data_ptr(), n_blocks, tq_copies, tq_copy, lens.data_ptr(),
                               ctx, q32.data_ptr(), batch, N_HEADS, KV_HEADS, scale, out.data_ptr(),
                               seed, CALLS, programmatic)
     tq = tq_graph(lib, out_tq, 0)
     out_pdl = torch.empty_like(out_tq)
     tq_pdl = tq_graph(lib, out_pdl, 1)
-    dense = lib.tkv_dense_graph(k.data_ptr(), v.data_ptr(), ctx, f16_copies,
-                                batch * KV_HEADS * ctx * D, lens.data_ptr(), ctx, q32.data_ptr(),
-                                batch, N_HEADS, KV_HEADS, scale, out_dense.data_ptr(), CALLS)
+    paged = dense_blocks(k, v)
+    dense = lib.tkv_dense_graph(paged.data_ptr(), n_blocks, f16_copies, f16_copy,
+                                lens.data_ptr(), ctx, q32.data_ptr(), batch, N_HEADS, KV_HEADS,
+                                scale, out_dense.data_ptr(), CALLS)
 
     # Other builds of our library (--variant): the same TurboQuant call on the same data.
     variant_out = {name: torch.empty_like(out_tq) for name, _ in variants}
@@ -229,9 +243,9 @@ TIMELINE_POINTS = 8  # attn::kTimelinePoints: entry, prologue, loop, partial, pu
 def timeline_case(lib, batch, ctx, reps=7, seed=0):
     """Per-block %globaltimer stamps of single calls: where a call's time goes."""
     torch.manual_seed(seed)
-    max_tiles = (ctx + 31) // 32
-    tiles = torch.zeros(batch * KV_HEADS * max_tiles * lib.tkv_tq_tile_bytes(), dtype=torch.uint8,
-                        device="cuda")
+    n_blocks = n_blocks_of(ctx)
+    tiles = torch.zeros(batch * KV_HEADS * n_blocks * 8 * lib.tkv_tq_tile_bytes(),
+                        dtype=torch.uint8, device="cuda")
     quantize_sequences(lib, tiles, batch, ctx, seed,
                        lambda b: (torch.randn(ctx, KV_HEADS, D, device="cuda"),
                                   torch.randn(ctx, KV_HEADS, D, device="cuda")))
@@ -240,7 +254,7 @@ def timeline_case(lib, batch, ctx, reps=7, seed=0):
     out = torch.empty(batch, 1, N_HEADS, D, device="cuda")
     max_blocks = 4096
     host = torch.zeros(reps, max_blocks, TIMELINE_POINTS, dtype=torch.int64)
-    check(lib, lib.tkv_tq_timeline(tiles.data_ptr(), max_tiles, lens.data_ptr(), ctx, q.data_ptr(),
+    check(lib, lib.tkv_tq_timeline(tiles.data_ptr(), n_blocks, lens.data_ptr(), ctx, q.data_ptr(),
                                    batch, N_HEADS, KV_HEADS, 1.0 / math.sqrt(D), out.data_ptr(),
                                    seed, reps, max_blocks, host.data_ptr()), "timeline")
     rows = []

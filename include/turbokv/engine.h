@@ -151,9 +151,11 @@ class GenerationStream {
 };
 
 struct EngineOptions {
-  KVOptions kv;            // default KV options of every request (dense unless kv_bits)
-  int max_sequences = 16;  // sequences decoded together; more requests wait in a queue
-  int max_waiting = 256;   // queued requests beyond that are refused (Overloaded)
+  std::string device = "cpu";  // "cpu" or "cuda" (the whole forward on the GPU)
+  double kv_cache_gb = 0;      // cuda: GPU memory for the KV cache pool; 0: 90% of what is free
+  KVOptions kv;                // default KV options of every request (dense unless kv_bits)
+  int max_sequences = 16;      // sequences decoded together; more requests wait in a queue
+  int max_waiting = 256;       // queued requests beyond that are refused (Overloaded)
   // Prompt tokens per sequence per forward pass; at most max_batch_tokens - max_sequences + 1,
   // so that one prefill chunk always fits beside every other sequence's decode token. A
   // prompt is fed in chunks aligned to multiples of it whatever else runs, so what a cache
@@ -176,6 +178,7 @@ struct ChatMessage {
 struct ModelSummary {
   std::string model_dir;
   std::string model_type;
+  std::string device;  // where the forward runs: "cpu" or "cuda"
   int num_layers = 0;
   int num_kv_heads = 0;
   int head_dim = 0;

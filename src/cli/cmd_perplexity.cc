@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/text_file.h"
 #include "core/threads.h"
+#include "engine/backend.h"
 #include "eval/perplexity.h"
 #include "kv/kv_resolve.h"
 #include "tokenizer/tokenizer.h"
@@ -38,13 +39,18 @@ int perplexity_main(int argc, char** argv) {
   app.add_option("--threads", threads, "worker threads (0: all cores)")->check(integer_in(0, 1024));
   app.add_flag("--json", json, "print one JSON object");
   kv.add_to(app);
+  DeviceFlags device;
+  device.add_to(app);
   if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
 
   options.kv = resolve_kv_options(kv.options());
+  check_device(device.options());
   if (threads < 0) throw InvalidArgument(str_cat("--threads ", threads, " must be >= 0"));
   set_num_threads(threads);
   const std::string text = read_file(file);
-  std::unique_ptr<Model> model = Model::load(model_dir);
+  LoadedModel loaded = load_model(model_dir, device.options());
+  const Model* model = loaded.model.get();
+  options.make_caches = loaded.make_caches;
   const std::vector<int32_t> tokens = Tokenizer::from_model_dir(model_dir)->encode(text, true);
 
   const bool tty = isatty(STDERR_FILENO) != 0;
@@ -63,7 +69,8 @@ int perplexity_main(int argc, char** argv) {
   if (json) {
     nlohmann::json out = {{"ppl", s.ppl()},           {"tokens", s.tokens},
                           {"chunks", r.chunks},       {"context", options.context},
-                          {"kv_scheme", r.kv_scheme}, {"seconds", seconds}};
+                          {"kv_scheme", r.kv_scheme}, {"seconds", seconds},
+                          {"device", loaded.device}};
     if (r.quantized) {
       out["ppl_dense"] = s.dense_ppl();
       out["kld_mean"] = s.kld_mean();

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/backend.h"
 #include "turbokv/kv_options.h"
 
 namespace turbokv::cli {
@@ -46,6 +47,15 @@ struct KVFlags {
   void add_to(CLI::App& app);
   // Throws InvalidArgument for a malformed or disallowed value.
   KVOptions options() const;
+};
+
+// --device and --kv-cache-gb (generate, chat, server, perplexity, bench).
+struct DeviceFlags {
+  std::string device = "cpu";
+  double kv_cache_gb = 0;
+
+  void add_to(CLI::App& app);
+  DeviceOptions options() const { return DeviceOptions{device, kv_cache_gb}; }
 };
 
 }  // namespace turbokv::cli

@@ -24,14 +24,14 @@ inline bool stderr_is_tty() {
 
 struct EngineFlags {
   std::string model = default_model_dir();
-  std::string device = "cpu";
+  DeviceFlags device;
   int threads = 0;
   double prefix_cache_gb = -1;
   KVFlags kv;
 
   void add_to(CLI::App& app) {
     app.add_option("--model", model, "model directory (default: the shipped tinycode-llama)");
-    app.add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+    device.add_to(app);
     app.add_option("--threads", threads, "worker threads (default: all cores)")
         ->check(integer_in(0, 1024));
     app.add_option("--prefix-cache-gb", prefix_cache_gb,
@@ -42,11 +42,8 @@ struct EngineFlags {
 
   // Validates the flags, then loads the model (a progress line on a TTY).
   std::unique_ptr<Engine> load(EngineOptions options = {}) const {
-    if (device == "cuda") {
-      throw InvalidArgument(
-          "--device cuda: this build runs models on the CPU only (the CUDA kernels are not "
-          "wired into the model yet); use --device cpu");
-    }
+    options.device = device.options().device;
+    options.kv_cache_gb = device.options().kv_cache_gb;
     options.kv = kv.options();
     if (prefix_cache_gb != -1) {
       if (!(prefix_cache_gb >= 0 && prefix_cache_gb <= 1 << 20)) {

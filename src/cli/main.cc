@@ -102,6 +102,12 @@ void KVFlags::add_to(CLI::App& app) {
                "also quantize the last layer (kept dense by default)");
 }
 
+void DeviceFlags::add_to(CLI::App& app) {
+  app.add_option("--device", device, "cpu (default) or cuda (the whole model on the GPU)");
+  app.add_option("--kv-cache-gb", kv_cache_gb,
+                 "cuda: GPU memory for the KV cache pool in GB (default: 90% of what is free)");
+}
+
 KVOptions KVFlags::options() const {
   KVOptions o;
   if (!kv_bits.empty()) o.kv_bits = parse_kv_bits(kv_bits, "kv_bits");

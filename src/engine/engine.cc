@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "core/gguf.h"
+#include "engine/backend.h"
 #include "engine/scheduler.h"
 #include "engine/session.h"
 #include "kv/cache_file.h"
@@ -58,9 +59,13 @@ namespace {
 class EngineImpl : public Engine {
  public:
   EngineImpl(const std::string& dir, const EngineOptions& options)
-      : options_(options), model_(Model::load(dir)), tokenizer_(Tokenizer::from_model_dir(dir)) {
+      : options_(options),
+        loaded_(load_model(dir, DeviceOptions{options.device, options.kv_cache_gb})),
+        model_(loaded_.model.get()),
+        tokenizer_(Tokenizer::from_model_dir(dir)) {
     const ModelInfo& info = model_->info();
     summary_.model_dir = dir;
+    summary_.device = loaded_.device;
     summary_.model_type = info.model_type;
     summary_.num_layers = info.num_layers;
     summary_.num_kv_heads = info.num_kv_heads;
@@ -78,10 +83,8 @@ class EngineImpl : public Engine {
     model_tag_ = std::filesystem::path(dir).filename().string();
     if (model_tag_.empty())
       model_tag_ = std::filesystem::path(dir).parent_path().filename().string();
-    const auto specs = model_->layer_specs();
-    scheduler_ = std::make_unique<Scheduler>(
-        *model_, *tokenizer_, std::move(eos), options,
-        [specs](const ResolvedKV& kv) { return make_layer_caches(specs, kv); });
+    scheduler_ = std::make_unique<Scheduler>(*model_, *tokenizer_, std::move(eos), options,
+                                             loaded_.make_caches);
     scheduler_->start();
   }
 
@@ -209,7 +212,8 @@ class EngineImpl : public Engine {
   ModelSummary summary_;
   uint64_t fingerprint_ = 0;
   std::string model_tag_;
-  std::unique_ptr<Model> model_;
+  LoadedModel loaded_;
+  const Model* model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::optional<ChatTemplate> chat_template_;
   std::unique_ptr<Scheduler> scheduler_;  // last: its thread stops before the model goes
@@ -219,6 +223,7 @@ class EngineImpl : public Engine {
 
 std::unique_ptr<Engine> Engine::load(const std::string& model_dir, const EngineOptions& options) {
   resolve_kv_options(options.kv);  // bad options fail before the model is read
+  check_device(DeviceOptions{options.device, options.kv_cache_gb});
   if (!std::filesystem::is_directory(model_dir) && !is_gguf_file(model_dir)) {
     throw IoError(str_cat("model '", model_dir,
                           "' is neither a model directory nor a GGUF file"));

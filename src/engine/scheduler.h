@@ -31,14 +31,13 @@
 
 #include "engine/prefix_cache.h"
 #include "engine/session.h"
+#include "kv/cache_policy.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 #include "turbokv/engine.h"
 
 namespace turbokv {
 
-// Builds one sequence's caches (tests inject fakes; the engine uses make_layer_caches).
-using CacheFactory = std::function<LayerCaches(const ResolvedKV&)>;
 
 // fp16 bytes of K and V for `tokens` tokens in every layer that stores K/V (KV-shared layers
 // and recurrent states count nothing).

@@ -95,9 +95,13 @@ PerplexityResult run_perplexity(
   int64_t quant_elements = 0;  // tokens · kv_heads · d · 2 over quantized layers
   for (int64_t chunk = 0; chunk < result.chunks; ++chunk) {
     const int32_t* ids = tokens.data() + chunk * C;
-    LayerCaches dense = make_layer_caches(model.layer_specs(), ResolvedKV{});
+    const CacheFactory make_caches =
+        options.make_caches ? options.make_caches : [&model](const ResolvedKV& r) {
+          return make_layer_caches(model.layer_specs(), r);
+        };
+    LayerCaches dense = make_caches(ResolvedKV{});
     LayerCaches quant;
-    if (result.quantized) quant = make_layer_caches(model.layer_specs(), kv);
+    if (result.quantized) quant = make_caches(kv);
     for (int64_t begin = 0; begin < C; begin += piece) {
       const int n = int(std::min<int64_t>(piece, C - begin));
       std::vector<Model::Chunk> batch;

@@ -11,6 +11,7 @@
 #include <optional>
 #include <span>
 
+#include "kv/cache_policy.h"
 #include "model/model.h"
 #include "turbokv/kv_options.h"
 
@@ -39,6 +40,7 @@ struct PerplexityOptions {
   int64_t max_chunks = 0;        // 0: all chunks the tokens allow
   ResolvedKV kv;                 // scheme kDense: the dense pass only
   int tokens_per_forward = 256;  // a chunk is fed in pieces this long (bounds logits memory)
+  CacheFactory make_caches;      // the model's caches (empty: the CPU's make_layer_caches)
 };
 
 struct PerplexityResult {

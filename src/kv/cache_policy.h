@@ -10,6 +10,7 @@
 //  - other (global) layers: the scheme of ResolvedKV, dense until quantized_kv_start tokens.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,10 @@ int last_attention_cache(const std::vector<LayerSpec>& layers);
 
 // A one-line summary such as "6 recurrent, 1 turboquant, 1 dense".
 std::string summarize_plan(const std::vector<LayerCachePlan>& plan);
+
+// Builds one sequence's caches for a KV choice: make_layer_caches on the CPU, device caches on
+// a GPU (the engine, perplexity and benchmarks take one; tests inject fakes).
+using CacheFactory = std::function<LayerCaches(const ResolvedKV&)>;
 
 // The cache configurations a ResolvedKV selects.
 TurboQuantKVConfig turboquant_config(const ResolvedKV& kv);

@@ -14,8 +14,6 @@
 namespace turbokv {
 namespace {
 
-// Tokens per step through the matmuls: bounds activation memory during long prefills.
-constexpr int kMaxStepTokens = 512;
 // Rows of logits computed per lm_head matmul (bounds the scratch for large vocabularies).
 constexpr int64_t kLogitRowsPerBatch = 64;
 
@@ -230,55 +228,20 @@ std::vector<LayerSpec> layer_specs_for(const ModelConfig& c) {
 }
 
 void DecoderModel::forward(std::span<const Chunk> chunks) const {
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    const Chunk& chunk = chunks[c];
-    if (chunk.caches == nullptr || int(chunk.caches->size()) != config_.num_layers) {
-      throw InvalidArgument(str_cat("chunk ", c, ": expected ", config_.num_layers,
-                                    " layer caches, got ",
-                                    chunk.caches == nullptr ? 0 : chunk.caches->size()));
-    }
-    if (chunk.n_tokens < 0 || (chunk.n_tokens > 0 && chunk.tokens == nullptr)) {
-      throw InvalidArgument(str_cat("chunk ", c, ": ", chunk.n_tokens, " tokens without data"));
-    }
-    for (size_t other = 0; other < c; ++other) {
-      if (chunks[other].caches == chunk.caches) {
-        throw InvalidArgument(str_cat("chunks ", other, " and ", c,
-                                      " share their caches; each chunk must be its own sequence"));
-      }
-    }
-    for (int i = 0; i < chunk.n_tokens; ++i) {
-      if (chunk.tokens[i] < 0 || chunk.tokens[i] >= config_.vocab_size) {
-        throw InvalidArgument(str_cat("chunk ", c, ": token id ", chunk.tokens[i],
-                                      " is outside the vocabulary [0, ", config_.vocab_size, ")"));
-      }
-    }
+  check_chunks(chunks, config_.num_layers, config_.vocab_size);
+  for (const std::vector<ChunkSlice>& step : split_into_steps(chunks, kForwardStepTokens)) {
+    run_step(step);
   }
-  std::vector<Slice> step;
-  int step_tokens = 0;
-  for (const Chunk& chunk : chunks) {
-    for (int begin = 0; begin < chunk.n_tokens;) {
-      const int count = std::min(chunk.n_tokens - begin, kMaxStepTokens - step_tokens);
-      step.push_back(Slice{&chunk, begin, count});
-      step_tokens += count;
-      begin += count;
-      if (step_tokens == kMaxStepTokens) {
-        run_step(step);
-        step.clear();
-        step_tokens = 0;
-      }
-    }
-  }
-  if (!step.empty()) run_step(step);
 }
 
-void DecoderModel::run_step(const std::vector<Slice>& slices) const {
+void DecoderModel::run_step(const std::vector<ChunkSlice>& slices) const {
   int64_t T = 0;
-  for (const Slice& s : slices) T += s.count;
+  for (const ChunkSlice& s : slices) T += s.count;
   const int64_t H = config_.hidden_size;
   std::vector<int32_t> tokens(static_cast<size_t>(T));     // [T]
   std::vector<int64_t> positions(static_cast<size_t>(T));  // [T]
   int64_t t = 0;
-  for (const Slice& s : slices) {
+  for (const ChunkSlice& s : slices) {
     const int64_t first = (*s.chunk->caches)[0]->size();
     for (int i = 0; i < s.count; ++i, ++t) {
       tokens[size_t(t)] = s.chunk->tokens[s.begin + i];
@@ -341,7 +304,7 @@ void DecoderModel::per_layer_input_block(const LayerWeights& L, const float* inp
 }
 
 void DecoderModel::attention_block(const LayerWeights& L, int index,
-                                   const std::vector<Slice>& slices, const int64_t* positions,
+                                   const std::vector<ChunkSlice>& slices, const int64_t* positions,
                                    int64_t T, float* x) const {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size;
@@ -350,7 +313,7 @@ void DecoderModel::attention_block(const LayerWeights& L, int index,
   rms_norm(x, T, H, L.input_norm.data(), eps, xn.data());
   std::vector<SequenceRows> rows;
   int64_t offset = 0;
-  for (const Slice& s : slices) {
+  for (const ChunkSlice& s : slices) {
     rows.push_back(SequenceRows{(*s.chunk->caches)[size_t(index)].get(), offset, s.count});
     offset += s.count;
   }
@@ -438,13 +401,13 @@ void DecoderModel::feed_forward_block(const LayerWeights& L, int64_t T, float* x
   add_in_place(x, out.data(), T * H);
 }
 
-void DecoderModel::write_logits(const std::vector<Slice>& slices, const float* x) const {
+void DecoderModel::write_logits(const std::vector<ChunkSlice>& slices, const float* x) const {
   const int64_t H = config_.hidden_size, V = config_.vocab_size;
   // Rows of x that need logits and where each goes.
   std::vector<int64_t> rows;
   std::vector<float*> destinations;
   int64_t offset = 0;
-  for (const Slice& s : slices) {
+  for (const ChunkSlice& s : slices) {
     const Chunk& chunk = *s.chunk;
     if (chunk.logits != nullptr && chunk.all_logits) {
       for (int i = 0; i < s.count; ++i) {

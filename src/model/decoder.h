@@ -124,23 +124,25 @@ class DecoderModel final : public Model {
   int64_t decode_weight_bytes() const override;
 
   const ModelConfig& config() const { return config_; }
+  // The bound weights (memory-mapped), for other executors of the same description (the CUDA
+  // forward uploads them).
+  const std::vector<LayerWeights>& layers() const { return layers_; }
+  const WeightMatrix& embedding() const { return embed_; }
+  const WeightMatrix& lm_head() const { return lm_head_; }
+  const std::vector<float>& final_norm() const { return final_norm_; }
+  float embedding_scale() const { return embedding_scale_; }  // in the weights' dtype
 
  private:
   // A contiguous piece of one chunk's tokens inside a step.
-  struct Slice {
-    const Chunk* chunk;
-    int begin;  // first token of the chunk in this slice
-    int count;
-  };
-  void run_step(const std::vector<Slice>& slices) const;
-  void attention_block(const LayerWeights& layer, int index, const std::vector<Slice>& slices,
+  void run_step(const std::vector<ChunkSlice>& slices) const;
+  void attention_block(const LayerWeights& layer, int index, const std::vector<ChunkSlice>& slices,
                        const int64_t* positions, int64_t n_tokens, float* x) const;
   void feed_forward_block(const LayerWeights& layer, int64_t n_tokens, float* x) const;
   // gemma4: per-layer inputs [T, layers, P] from the tokens and the scaled embeddings x.
   std::vector<float> per_layer_inputs(const int32_t* tokens, const float* x, int64_t T) const;
   void per_layer_input_block(const LayerWeights& layer, const float* input, int64_t T,
                              float* x) const;
-  void write_logits(const std::vector<Slice>& slices, const float* x) const;
+  void write_logits(const std::vector<ChunkSlice>& slices, const float* x) const;
   std::vector<float> norm_weight(const std::string& name, int64_t n) const;
 
   ModelConfig config_;

@@ -56,4 +56,22 @@ class Model {
   virtual int64_t decode_weight_bytes() const { return 0; }
 };
 
+// Throws InvalidArgument unless every chunk has one cache per layer, its tokens are in the
+// vocabulary, and no two chunks share caches (what every forward checks first).
+void check_chunks(std::span<const Model::Chunk> chunks, int num_layers, int vocab_size);
+
+// Tokens per forward step through the matmuls: bounds activation memory during long prefills.
+constexpr int kForwardStepTokens = 512;
+
+// A contiguous piece of one chunk's tokens inside a forward step.
+struct ChunkSlice {
+  const Model::Chunk* chunk;
+  int begin;  // first token of the chunk in this slice
+  int count;
+};
+// The chunks cut into steps of at most max_step_tokens tokens, in order (a chunk may span
+// steps). Every backend steps the same way, so step-dependent state (dynamic RoPE) agrees.
+std::vector<std::vector<ChunkSlice>> split_into_steps(std::span<const Model::Chunk> chunks,
+                                                      int max_step_tokens);
+
 }  // namespace turbokv

@@ -180,6 +180,7 @@ void check_kwargs(const py::kwargs& kw, bool generation) {
   for (const auto& [key, value] : kw) {
     const std::string name = key.cast<std::string>();
     bool known = std::find(std::begin(kKVArgs), std::end(kKVArgs), name) != std::end(kKVArgs);
+    if (!generation) known = known || name == "device" || name == "kv_cache_gb";
     if (generation) {
       known = known || std::find(std::begin(kGenerateArgs), std::end(kGenerateArgs), name) !=
                            std::end(kGenerateArgs);
@@ -368,6 +369,8 @@ PYBIND11_MODULE(turbokv, m) {
                              [](const PyModel& s) { return s.engine->summary().num_layers; })
       .def_property_readonly("context_length",
                              [](const PyModel& s) { return s.engine->summary().context_length; })
+      .def_property_readonly("device",
+                             [](const PyModel& s) { return s.engine->summary().device; })
       .def_property_readonly("kv_scheme", [](const PyModel& s) {
         return kv_scheme_name(s.engine->default_kv().scheme);
       });
@@ -416,6 +419,12 @@ PYBIND11_MODULE(turbokv, m) {
         check_kwargs(kw, /*generation=*/false);
         EngineOptions options;
         options.kv = kv_options(KVOptions{}, kw);
+        if (kw.contains("device") && !kw["device"].is_none()) {
+          options.device = str_arg(kw["device"], "device");
+        }
+        if (kw.contains("kv_cache_gb") && !kw["kv_cache_gb"].is_none()) {
+          options.kv_cache_gb = float_arg(kw["kv_cache_gb"], "kv_cache_gb");
+        }
         std::string dir = TURBOKV_DEFAULT_MODEL_DIR;
         if (!path.is_none()) {  // a str or an os.PathLike
           const py::object fspath = py::module_::import("os").attr("fspath");
@@ -434,7 +443,8 @@ PYBIND11_MODULE(turbokv, m) {
         return py::make_tuple(PyModel{engine}, Processor{engine});
       },
       py::arg("path") = py::none(),
-      "load(path=None, **kv_options) -> (model, processor); path defaults to the shipped model");
+      "load(path=None, device='cpu', kv_cache_gb=0, **kv_options) -> (model, processor); path "
+      "defaults to the shipped model, device 'cuda' runs it on the GPU");
 
   m.def(
       "make_cache",

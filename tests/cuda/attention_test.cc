@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 
 #include "core/error.h"
@@ -126,29 +127,48 @@ double max_error(const std::vector<float>& out, const std::vector<float>& q, boo
 
 class CudaAttention : public CudaTest {};
 
-void check_turboquant(const Case& c, uint64_t seed, bool programmatic = false) {
+constexpr size_t kTqRun = size_t(kTilesPerBlock) * TQ35Layout::kTileBytes;  // a head's tiles
+
+int blocks_for(int tokens) { return (tokens + 255) / 256; }
+
+// value_scale: multiplies the values (large ones make the kernel scale its fp16 operands).
+void check_turboquant(const Case& c, uint64_t seed, bool programmatic = false,
+                      float value_scale = 2.0f) {
   SCOPED_TRACE(describe(c));
   const TQDeviceCodec codec(seed);
   const int batch = int(c.lens.size()), cap = max_len(c);
-  const int max_tiles = (cap + 31) / 32;
   // k, v [batch, cap, kv_heads, 128]; keys with a common offset make the softmax peaky.
   std::vector<float> k = testing::random_normal(size_t(batch) * cap * c.kv_heads * kD, seed);
   const std::vector<float> v =
-      testing::random_normal(size_t(batch) * cap * c.kv_heads * kD, seed + 1, 2.0f);
+      testing::random_normal(size_t(batch) * cap * c.kv_heads * kD, seed + 1, value_scale);
   const std::vector<float> bias = testing::random_normal(kD, seed + 2, 0.5f);
   for (size_t i = 0; i < k.size(); ++i) k[i] += bias[i % kD];
   const std::vector<float> q =
       testing::random_normal(size_t(batch) * c.n_q * c.n_heads * kD, seed + 3, 1.5f);
 
+  // Every sequence gets cap rows (positions 0 .. cap - 1), in blocks handed out shuffled.
+  std::vector<int> row_seq, row_pos;
+  for (int b = 0; b < batch; ++b) {
+    for (int t = 0; t < cap; ++t) row_seq.push_back(b), row_pos.push_back(t);
+  }
   auto d_k = DeviceBuffer<float>::upload(k);
   auto d_v = DeviceBuffer<float>::upload(v);
-  auto d_start = DeviceBuffer<int>::upload(std::vector<int>(batch, 0));
-  DeviceBuffer<uint8_t> tiles(size_t(batch) * c.kv_heads * max_tiles * TQ35Layout::kTileBytes);
-  TURBOKV_CUDA_CHECK(cudaMemset(tiles.data(), 0xff, tiles.bytes()));  // garbage past the end
-  tq_quantize(
-      codec.kernel_codec(),
-      {d_k.data(), d_v.data(), d_start.data(), tiles.data(), batch, cap, c.kv_heads, max_tiles},
-      nullptr);
+  auto d_seq = DeviceBuffer<int>::upload(row_seq);
+  auto d_pos = DeviceBuffer<int>::upload(row_pos);
+  testing::PagedBlocks blocks(batch, blocks_for(cap), size_t(c.kv_heads) * kTqRun, seed + 4);
+  DeviceBuffer<unsigned> vmax(1);
+  vmax.zero();
+  TQQuantizeProblem qp;
+  qp.k = d_k.data();
+  qp.v = d_v.data();
+  qp.row_seq = d_seq.data();
+  qp.row_pos = d_pos.data();
+  qp.rows = int(row_seq.size());
+  qp.kv_heads = c.kv_heads;
+  qp.block_table = blocks.table();
+  qp.table_stride = blocks.stride();
+  qp.value_norm_max = vmax.data();
+  tq_quantize(codec.kernel_codec(), qp, nullptr);
 
   // Reference inputs: the CPU codec's reconstruction of every key and value.
   std::vector<float> k_hat(k.size()), v_hat(v.size());
@@ -166,11 +186,15 @@ void check_turboquant(const Case& c, uint64_t seed, bool programmatic = false) {
       return &x[((size_t(b) * cap + t) * c.kv_heads + h) * kD];
     };
   };
+  TQCacheView cache;
+  cache.block_table = blocks.table();
+  cache.table_stride = blocks.stride();
+  cache.value_norm_max = vmax.data();
   const std::vector<float> out =
       run_attention(
           c, q, scale, CacheKind::kTurboQuant,
           [&](auto& p, void* ws, size_t bytes, cudaStream_t stream) {
-            tq_attention(codec.kernel_codec(), {tiles.data(), max_tiles}, p, ws, bytes, stream);
+            tq_attention(codec.kernel_codec(), cache, p, ws, bytes, stream);
           },
           programmatic);
   const double err = max_error(out, q, programmatic, [&](const std::vector<float>& qi) {
@@ -183,38 +207,47 @@ void check_turboquant(const Case& c, uint64_t seed, bool programmatic = false) {
 
 void check_dense(const Case& c, uint64_t seed, bool programmatic = false) {
   SCOPED_TRACE(describe(c));
-  const int batch = int(c.lens.size()), cap = max_len(c) + 5;  // capacity not a tile multiple
-  // Device layout k, v [batch, kv_heads, cap, 128] fp16.
-  const std::vector<float> k =
-      testing::round_to_f16(testing::random_normal(size_t(batch) * c.kv_heads * cap * kD, seed));
+  const int batch = int(c.lens.size()), cap = max_len(c);
+  const int n_blocks = blocks_for(cap + 5);  // capacity past the longest sequence
+  const size_t half_block = size_t(c.kv_heads) * 256 * kD;  // K or V elements of a block
+  // Host values k, v [batch, kv_heads, tokens, 128], rounded to fp16 as the cache stores them.
+  const size_t tokens = size_t(n_blocks) * 256;
+  const std::vector<float> k = testing::round_to_f16(
+      testing::random_normal(size_t(batch) * c.kv_heads * tokens * kD, seed));
   const std::vector<float> v = testing::round_to_f16(
-      testing::random_normal(size_t(batch) * c.kv_heads * cap * kD, seed + 1, 2.0f));
+      testing::random_normal(size_t(batch) * c.kv_heads * tokens * kD, seed + 1, 2.0f));
   const std::vector<float> q =
       testing::random_normal(size_t(batch) * c.n_q * c.n_heads * kD, seed + 3, 1.5f);
-  std::vector<uint16_t> k16(k.size()), v16(v.size());
-  for (size_t i = 0; i < k.size(); ++i) k16[i] = f32_to_f16(k[i]);
-  for (size_t i = 0; i < v.size(); ++i) v16[i] = f32_to_f16(v[i]);
-  // Positions past each length hold NaN: the kernel must never let them in.
+  testing::PagedBlocks blocks(batch, n_blocks, 2 * half_block * 2, seed + 4);
   for (int b = 0; b < batch; ++b) {
+    // Blocks [n_blocks][K: kv_heads][256][128] | [V: ...] fp16; positions past each length hold
+    // NaN: the kernel must never let them in.
+    std::vector<uint16_t> host(size_t(n_blocks) * 2 * half_block);
     for (int h = 0; h < c.kv_heads; ++h) {
-      for (int t = c.lens[b]; t < cap; ++t) {
+      for (size_t t = 0; t < tokens; ++t) {
         for (int j = 0; j < kD; ++j) {
-          k16[((size_t(b) * c.kv_heads + h) * cap + t) * kD + j] = 0x7e00;
-          v16[((size_t(b) * c.kv_heads + h) * cap + t) * kD + j] = 0x7e00;
+          const size_t src = ((size_t(b) * c.kv_heads + h) * tokens + t) * kD + j;
+          const size_t dst =
+              (t / 256) * 2 * half_block + (size_t(h) * 256 + t % 256) * kD + j;
+          const bool past = int(t) >= c.lens[b];
+          host[dst] = past ? 0x7e00 : f32_to_f16(k[src]);
+          host[dst + half_block] = past ? 0x7e00 : f32_to_f16(v[src]);
         }
       }
     }
+    std::vector<uint8_t> bytes(host.size() * 2);
+    std::memcpy(bytes.data(), host.data(), bytes.size());
+    blocks.upload_sequence(b, bytes);
   }
-  auto d_k = DeviceBuffer<uint16_t>::upload(k16);
-  auto d_v = DeviceBuffer<uint16_t>::upload(v16);
   const float scale = 1.0f / std::sqrt(float(kD));
   auto at = [&](const std::vector<float>& x) {
-    return [&x, &c, cap](int b, int t, int h) {
-      return &x[((size_t(b) * c.kv_heads + h) * cap + t) * kD];
+    return [&x, &c, tokens](int b, int t, int h) {
+      return &x[((size_t(b) * c.kv_heads + h) * tokens + t) * kD];
     };
   };
-  const DenseCacheView cache{reinterpret_cast<const __half*>(d_k.data()),
-                             reinterpret_cast<const __half*>(d_v.data()), cap};
+  DenseCacheView cache;
+  cache.block_table = blocks.table();
+  cache.table_stride = blocks.stride();
   const std::vector<float> out = run_attention(
       c, q, scale, CacheKind::kDense,
       [&](auto& p, void* ws, size_t bytes, cudaStream_t stream) {
@@ -237,6 +270,13 @@ TEST_F(CudaAttention, TurboQuantDecodeMatchesReference) {
 
 TEST_F(CudaAttention, TurboQuantLongContextUsesManySplits) {
   check_turboquant({{20000, 9000}, 1, 32, 8}, 110);
+}
+
+// Value norms far above what fp16 operands hold at p <= 16: the kernel scales them by a power
+// of two from the tracked maximum norm and the merge scales the output back.
+TEST_F(CudaAttention, TurboQuantLargeValueNormsStayExact) {
+  check_turboquant({{1000, 37}, 1, 32, 8}, 140, false, 3000.0f);
+  check_turboquant({{40, 100}, 7, 8, 2}, 141, false, 3000.0f);
 }
 
 TEST_F(CudaAttention, TurboQuantPrefillOverQuantizedCacheIsCausal) {

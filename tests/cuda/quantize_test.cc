@@ -1,6 +1,9 @@
 // The quantize kernel against the CPU codec (quant::MseCodec, scalar path): codes and fp16
-// norms must be identical, token for token, also when tokens arrive one at a time.
+// norms must be identical, token for token, in paged blocks handed out in shuffled order, also
+// when tokens arrive one at a time.
 #include <cuda_runtime.h>
+
+#include <cstring>
 
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/tq_layout.h"
@@ -11,7 +14,9 @@ namespace turbokv::cuda {
 namespace {
 
 using testing::CudaTest;
+using testing::PagedBlocks;
 constexpr int kD = 128;
+constexpr size_t kRun = size_t(kTilesPerBlock) * TQ35Layout::kTileBytes;  // one head's tiles
 
 class CudaQuantize : public CudaTest {};
 
@@ -30,21 +35,46 @@ std::vector<float> test_vectors(size_t vectors, uint64_t seed) {
   return x;
 }
 
-// Expects device tiles [batch, kv_heads, max_tiles] to hold the CPU codes of k/v
-// [batch, n, kv_heads, 128] at positions start[b] .. start[b] + n - 1.
-void expect_codes_match(const TQDeviceCodec& codec, const std::vector<uint8_t>& tiles,
-                        const std::vector<float>& k, const std::vector<float>& v,
-                        const std::vector<int>& start, int n, int kv_heads, int max_tiles) {
-  const int batch = int(start.size());
+// Rows of one append: row r of sequence seq[r] at position pos[r].
+struct Rows {
+  std::vector<float> k, v;  // [rows, kv_heads, 128]
+  std::vector<int> seq, pos;
+};
+
+void quantize(const TQDeviceCodec& codec, const Rows& rows, int kv_heads,
+              const PagedBlocks& blocks, unsigned* value_norm_max = nullptr) {
+  auto d_k = DeviceBuffer<float>::upload(rows.k);
+  auto d_v = DeviceBuffer<float>::upload(rows.v);
+  auto d_seq = DeviceBuffer<int>::upload(rows.seq);
+  auto d_pos = DeviceBuffer<int>::upload(rows.pos);
+  TQQuantizeProblem p;
+  p.k = d_k.data();
+  p.v = d_v.data();
+  p.row_seq = d_seq.data();
+  p.row_pos = d_pos.data();
+  p.rows = int(rows.seq.size());
+  p.kv_heads = kv_heads;
+  p.block_table = blocks.table();
+  p.table_stride = blocks.stride();
+  p.value_norm_max = value_norm_max;
+  tq_quantize(codec.kernel_codec(), p, nullptr);
+  TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// Expects every row's codes and norms in the blocks to equal the CPU codec's.
+void expect_codes_match(const TQDeviceCodec& codec, const PagedBlocks& blocks, const Rows& rows,
+                        int batch, int kv_heads) {
   for (int b = 0; b < batch; ++b) {
+    const std::vector<uint8_t> seq = blocks.download_sequence(b);
     for (int h = 0; h < kv_heads; ++h) {
-      const uint8_t* seq =
-          tiles.data() + (size_t(b) * kv_heads + h) * max_tiles * TQ35Layout::kTileBytes;
-      const TQHostCodes got = tq_codes_from_tiles(seq, start[b] + n);
-      for (int i = 0; i < n; ++i) {
-        const int t = start[b] + i;
-        const float* kx = &k[((size_t(b) * n + i) * kv_heads + h) * kD];
-        const float* vx = &v[((size_t(b) * n + i) * kv_heads + h) * kD];
+      const std::vector<uint8_t> tiles =
+          tq_head_tiles_from_blocks(seq.data(), blocks.stride(), kv_heads, h);
+      const TQHostCodes got = tq_codes_from_tiles(tiles.data(), blocks.stride() * 256);
+      for (size_t r = 0; r < rows.seq.size(); ++r) {
+        if (rows.seq[r] != b) continue;
+        const int t = rows.pos[r];
+        const float* kx = &rows.k[(r * kv_heads + h) * kD];
+        const float* vx = &rows.v[(r * kv_heads + h) * kD];
         uint8_t kc[48], vc[64];
         uint16_t kn, vn;
         codec.key_codec().quantize(kx, kc, &kn, quant::Isa::kScalar);
@@ -65,65 +95,66 @@ void expect_codes_match(const TQDeviceCodec& codec, const std::vector<uint8_t>& 
 TEST_F(CudaQuantize, PrefillCodesAreBitIdenticalToCpu) {
   for (bool norm_correction : {true, false}) {
     const TQDeviceCodec codec(/*seed=*/3, norm_correction);
-    const int batch = 2, n = 70, kv_heads = 3, max_tiles = 4;
-    const std::vector<int> start = {0, 45};
-    const std::vector<float> k = test_vectors(size_t(batch) * n * kv_heads, 11);
-    const std::vector<float> v = test_vectors(size_t(batch) * n * kv_heads, 12);
-    auto d_k = DeviceBuffer<float>::upload(k);
-    auto d_v = DeviceBuffer<float>::upload(v);
-    auto d_start = DeviceBuffer<int>::upload(start);
-    DeviceBuffer<uint8_t> tiles(size_t(batch) * kv_heads * max_tiles * TQ35Layout::kTileBytes);
-    tiles.zero();
-    TQQuantizeProblem p{d_k.data(), d_v.data(), d_start.data(), tiles.data(),
-                        batch,      n,          kv_heads,       max_tiles};
-    tq_quantize(codec.kernel_codec(), p, nullptr);
-    TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
-    // Tokens before start[1] of sequence 1 were never written: their codes stay zero.
-    const std::vector<uint8_t> host = tiles.download();
-    expect_codes_match(codec, host, k, v, {0, 45}, n, kv_heads, max_tiles);
-    const TQHostCodes untouched = tq_codes_from_tiles(
-        host.data() + size_t(kv_heads) * max_tiles * TQ35Layout::kTileBytes, 45);
-    for (uint8_t byte : untouched.value_codes) ASSERT_EQ(byte, 0);
+    const int batch = 2, kv_heads = 3, stride = 2;
+    // Sequence 0: positions 0..299 (across a block boundary), sequence 1: 245..314.
+    Rows rows;
+    for (int i = 0; i < 300; ++i) rows.seq.push_back(0), rows.pos.push_back(i);
+    for (int i = 245; i < 315; ++i) rows.seq.push_back(1), rows.pos.push_back(i);
+    rows.k = test_vectors(rows.seq.size() * kv_heads, 11);
+    rows.v = test_vectors(rows.seq.size() * kv_heads, 12);
+    PagedBlocks blocks(batch, stride, size_t(kv_heads) * kRun, 5);
+    DeviceBuffer<unsigned> vmax(1);
+    vmax.zero();
+    quantize(codec, rows, kv_heads, blocks, vmax.data());
+    expect_codes_match(codec, blocks, rows, batch, kv_heads);
+    // Tokens before 245 of sequence 1 were never written: their codes stay zero.
+    const std::vector<uint8_t> seq1 = blocks.download_sequence(1);
+    for (int h = 0; h < kv_heads; ++h) {
+      const std::vector<uint8_t> tiles = tq_head_tiles_from_blocks(seq1.data(), stride, kv_heads, h);
+      const TQHostCodes untouched = tq_codes_from_tiles(tiles.data(), 245);
+      for (uint8_t byte : untouched.value_codes) ASSERT_EQ(byte, 0);
+    }
+    // The largest stored value norm is tracked (as float bits of the fp16 norm).
+    float expected = 0;
+    for (size_t r = 0; r < rows.seq.size() * kv_heads; ++r) {
+      uint8_t vc[64];
+      uint16_t vn;
+      codec.value_codec().quantize(&rows.v[r * kD], vc, &vn, quant::Isa::kScalar);
+      expected = std::max(expected, std::fabs(f16_to_f32(vn)));
+    }
+    const std::vector<unsigned> got = vmax.download();
+    float got_max;
+    std::memcpy(&got_max, got.data(), 4);
+    EXPECT_EQ(got_max, expected);
   }
 }
 
 // Decode: one token per step overwrites nibbles that share words with neighbours.
 TEST_F(CudaQuantize, DecodeStepsKeepNeighbourCodes) {
   const TQDeviceCodec codec(/*seed=*/0);
-  const int batch = 3, kv_heads = 2, steps = 40, max_tiles = 2;
-  const std::vector<float> k = test_vectors(size_t(batch) * steps * kv_heads, 21);
-  const std::vector<float> v = test_vectors(size_t(batch) * steps * kv_heads, 22);
-  DeviceBuffer<uint8_t> tiles(size_t(batch) * kv_heads * max_tiles * TQ35Layout::kTileBytes);
-  tiles.zero();
-  std::vector<float> all_k(k.size()), all_v(v.size());  // [batch, steps, kv_heads, 128]
+  const int batch = 3, kv_heads = 2, steps = 40, stride = 1;
+  PagedBlocks blocks(batch, stride, size_t(kv_heads) * kRun, 9);
+  Rows all;
   for (int s = 0; s < steps; ++s) {
-    std::vector<float> step_k(size_t(batch) * kv_heads * kD), step_v(step_k.size());
-    for (int b = 0; b < batch; ++b) {
-      for (size_t j = 0; j < size_t(kv_heads) * kD; ++j) {
-        const size_t src = (size_t(b) * steps + s) * kv_heads * kD + j;
-        step_k[size_t(b) * kv_heads * kD + j] = k[src];
-        step_v[size_t(b) * kv_heads * kD + j] = v[src];
-      }
-    }
-    auto d_k = DeviceBuffer<float>::upload(step_k);
-    auto d_v = DeviceBuffer<float>::upload(step_v);
-    auto d_start = DeviceBuffer<int>::upload(std::vector<int>(batch, s));
-    TQQuantizeProblem p{d_k.data(), d_v.data(), d_start.data(), tiles.data(),
-                        batch,      1,          kv_heads,       max_tiles};
-    tq_quantize(codec.kernel_codec(), p, nullptr);
+    Rows step;
+    for (int b = 0; b < batch; ++b) step.seq.push_back(b), step.pos.push_back(s);
+    step.k = test_vectors(size_t(batch) * kv_heads, 100 + s);
+    step.v = test_vectors(size_t(batch) * kv_heads, 200 + s);
+    quantize(codec, step, kv_heads, blocks);
+    all.seq.insert(all.seq.end(), step.seq.begin(), step.seq.end());
+    all.pos.insert(all.pos.end(), step.pos.begin(), step.pos.end());
+    all.k.insert(all.k.end(), step.k.begin(), step.k.end());
+    all.v.insert(all.v.end(), step.v.begin(), step.v.end());
   }
-  TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
-  expect_codes_match(codec, tiles.download(), k, v, std::vector<int>(batch, 0), steps, kv_heads,
-                     max_tiles);
+  expect_codes_match(codec, blocks, all, batch, kv_heads);
 }
 
 TEST(CudaQuantizeArgs, RejectsEmptyShapes) {
   TQKernelCodec codec{};
   TQQuantizeProblem p;
-  p.batch = 1;
-  p.n_new = 0;
+  p.rows = 0;
   p.kv_heads = 1;
-  p.max_tiles = 1;
+  p.table_stride = 1;
   EXPECT_THROW(tq_quantize(codec, p, nullptr), InvalidArgument);
 }
 

@@ -9,8 +9,11 @@
 #include <random>
 #include <vector>
 
+#include <algorithm>
+
 #include "core/half.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_buffer.h"
 
 namespace turbokv::cuda::testing {
 
@@ -19,6 +22,52 @@ class CudaTest : public ::testing::Test {
   void SetUp() override {
     if (!device_available()) GTEST_SKIP() << "no CUDA device on this machine";
   }
+};
+
+// A paged cache for kernel tests: batch * stride blocks of block_bytes in one zeroed device
+// buffer, handed to the sequences' block tables in shuffled order (so no kernel can get away
+// with assuming contiguous blocks).
+class PagedBlocks {
+ public:
+  PagedBlocks(int batch, int stride, size_t block_bytes, uint64_t seed)
+      : batch_(batch), stride_(stride), block_bytes_(block_bytes),
+        memory_(size_t(batch) * stride * block_bytes), order_(size_t(batch) * stride) {
+    memory_.zero();
+    for (size_t i = 0; i < order_.size(); ++i) order_[i] = int(i);
+    std::shuffle(order_.begin(), order_.end(), std::mt19937_64(seed));
+    std::vector<uint8_t*> table(order_.size());
+    for (size_t i = 0; i < order_.size(); ++i) {
+      table[i] = memory_.data() + size_t(order_[i]) * block_bytes;
+    }
+    table_ = DeviceBuffer<uint8_t*>::upload(table);
+  }
+  uint8_t* const* table() const { return table_.data(); }
+  int stride() const { return stride_; }
+  // Sequence b's blocks in table order: [stride][block_bytes].
+  std::vector<uint8_t> download_sequence(int b) const {
+    const std::vector<uint8_t> all = memory_.download();
+    std::vector<uint8_t> out;
+    for (int i = 0; i < stride_; ++i) {
+      const uint8_t* block = all.data() + size_t(order_[size_t(b) * stride_ + i]) * block_bytes_;
+      out.insert(out.end(), block, block + block_bytes_);
+    }
+    return out;
+  }
+  // Writes sequence b's blocks from [stride][block_bytes] host bytes.
+  void upload_sequence(int b, const std::vector<uint8_t>& blocks) {
+    for (int i = 0; i < stride_; ++i) {
+      TURBOKV_CUDA_CHECK(cudaMemcpy(
+          memory_.data() + size_t(order_[size_t(b) * stride_ + i]) * block_bytes_,
+          blocks.data() + size_t(i) * block_bytes_, block_bytes_, cudaMemcpyHostToDevice));
+    }
+  }
+
+ private:
+  int batch_, stride_;
+  size_t block_bytes_;
+  DeviceBuffer<uint8_t> memory_;
+  std::vector<int> order_;
+  DeviceBuffer<uint8_t*> table_;
 };
 
 inline std::vector<float> random_normal(size_t n, uint64_t seed, float stddev = 1.0f) {

@@ -14,6 +14,7 @@
 #include "core/safetensors.h"
 #include "model/model.h"
 #include "test_util.h"
+#include "tests/model/golden.h"
 
 namespace turbokv {
 namespace {
@@ -26,43 +27,10 @@ struct Golden {
   float logits_tolerance;
 };
 
-int32_t argmax(const float* v, int n) {
-  return int32_t(std::max_element(v, v + n) - v);
-}
-
 void check_golden(const Golden& g) {
   std::unique_ptr<Model> model = Model::load(g.model_dir);
-  const SafetensorsFile ref = SafetensorsFile::open(g.reference);
-  const std::vector<int64_t> ids64 = SafetensorsFile::to_i64(ref.at("input_ids"));
-  const std::vector<float> want = SafetensorsFile::to_f32(ref.at("logits"));
-  const std::vector<int64_t> generated = SafetensorsFile::to_i64(ref.at("generated"));
-  const std::vector<int32_t> ids(ids64.begin(), ids64.end());
-  const int V = model->info().vocab_size;
-  const int n = int(ids.size());
-  ASSERT_EQ(want.size(), size_t(n) * V);
-
-  LayerCaches caches = testing::f32_caches(*model);
-  std::vector<float> logits(size_t(n) * V);  // [n, V]
-  Model::Chunk chunk{ids.data(), n, &caches, logits.data(), true};
-  model->forward({&chunk, 1});
-  float max_diff = 0;
-  for (size_t i = 0; i < logits.size(); ++i)
-    max_diff = std::max(max_diff, std::abs(logits[i] - want[i]));
-  EXPECT_LE(max_diff, g.logits_tolerance) << g.model_dir;
-  std::printf("%s: max |logit - transformers| %.3g\n", g.model_dir.c_str(), max_diff);
-
-  // `generated` holds only the new tokens (its length is the number generated).
-  std::vector<int32_t> greedy;
-  std::vector<float> last(static_cast<size_t>(V));
-  int32_t next = argmax(logits.data() + size_t(n - 1) * V, V);
-  for (size_t i = 0; i < generated.size(); ++i) {
-    greedy.push_back(next);
-    if (i + 1 == generated.size()) break;
-    Model::Chunk step{&next, 1, &caches, last.data(), false};
-    model->forward({&step, 1});
-    next = argmax(last.data(), V);
-  }
-  EXPECT_EQ(std::vector<int64_t>(greedy.begin(), greedy.end()), generated) << g.model_dir;
+  testing::check_golden(*model, [&] { return testing::f32_caches(*model); }, g.reference,
+                        g.logits_tolerance, g.model_dir);
 }
 
 class HfTinyGolden : public ::testing::TestWithParam<const char*> {};

@@ -4,8 +4,11 @@
 //
 //   q, out     [batch, n_q, n_heads, 128] fp32
 //   seq_lens   [batch] int: tokens in each sequence's cache (the queries' own included)
-//   TurboQuant cache tiles [batch, kv_heads, max_tiles, 3712 B] (tq_layout.h)
-//   dense cache k, v       [batch, kv_heads, capacity, 128] fp16
+//   caches     paged (kvcache/paged.h): block_table [batch, table_stride] device pointers to
+//              blocks of 256 tokens;
+//              TurboQuant block: [kv_heads][8 tiles][3712 B] (tq_layout.h),
+//              dense block: [K: kv_heads][256][128] fp16 | [V: kv_heads][256][128] fp16.
+//              Entries past a sequence's blocks must point at a readable (e.g. zero) block.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -42,14 +45,17 @@ struct AttentionProblem {
 };
 
 struct TQCacheView {
-  const uint8_t* tiles = nullptr;
-  int max_tiles = 0;  // capacity in tiles of 32 tokens
+  const uint8_t* const* block_table = nullptr;  // [batch, table_stride] (device)
+  int table_stride = 0;                         // capacity: table_stride * 256 tokens
+  // The largest value norm in the cache as float bits (tq_quantize's value_norm_max; device).
+  // The kernel scales its fp16 value operands by a power of two when it exceeds 4096, so any
+  // norm is exact; nullptr: norms are known to be <= 4096.
+  const unsigned* value_norm_max = nullptr;
 };
 
 struct DenseCacheView {
-  const __half* k = nullptr;
-  const __half* v = nullptr;
-  int capacity = 0;  // tokens per (sequence, kv head)
+  const uint8_t* const* block_table = nullptr;  // [batch, table_stride] (device)
+  int table_stride = 0;
 };
 
 // Bytes of scratch the attention call needs for this problem (the splits' partial results).

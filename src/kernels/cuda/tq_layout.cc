@@ -1,6 +1,7 @@
 // Conversion between the CPU codec's LSB-first codes and the device tile format (tq_layout.h).
 #include "kernels/cuda/tq_layout.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -100,6 +101,28 @@ TQHostCodes tq_codes_from_tiles(const uint8_t* tiles, int tokens) {
     std::memcpy(&codes.value_norms[t], tile + L::norm_offset(tok, 1), 2);
   }
   return codes;
+}
+
+std::vector<uint8_t> tq_head_tiles_from_blocks(const uint8_t* blocks, int n_blocks, int kv_heads,
+                                               int head) {
+  const size_t run = size_t(kTilesPerBlock) * TQ35Layout::kTileBytes;
+  std::vector<uint8_t> tiles(size_t(n_blocks) * run);
+  for (int i = 0; i < n_blocks; ++i) {
+    const uint8_t* src = blocks + (size_t(i) * kv_heads + head) * run;
+    std::copy(src, src + run, tiles.begin() + ptrdiff_t(size_t(i) * run));
+  }
+  return tiles;
+}
+
+void tq_blocks_from_head_tiles(const uint8_t* tiles, int n_tiles, int kv_heads, int head,
+                               uint8_t* blocks) {
+  for (int t = 0; t < n_tiles; ++t) {
+    uint8_t* dst = blocks + ((size_t(t / kTilesPerBlock) * kv_heads + head) * kTilesPerBlock +
+                             t % kTilesPerBlock) *
+                                TQ35Layout::kTileBytes;
+    std::copy(tiles + size_t(t) * TQ35Layout::kTileBytes,
+              tiles + size_t(t + 1) * TQ35Layout::kTileBytes, dst);
+  }
 }
 
 }  // namespace turbokv::cuda

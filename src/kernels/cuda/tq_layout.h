@@ -80,4 +80,13 @@ std::vector<uint8_t> tq_tiles_from_codes(const TQHostCodes& codes);
 // Device tiles -> CPU format for the first `tokens` tokens.
 TQHostCodes tq_codes_from_tiles(const uint8_t* tiles, int tokens);
 
+// Paged blocks of 256 tokens (kvcache/paged.h): a sequence's blocks
+// [n_blocks][kv_heads][8 tiles][kTileBytes] hold head h's tiles [n_blocks * 8][kTileBytes].
+constexpr int kTilesPerBlock = 8;
+std::vector<uint8_t> tq_head_tiles_from_blocks(const uint8_t* blocks, int n_blocks, int kv_heads,
+                                               int head);
+// Writes head `head`'s tiles [n_tiles][kTileBytes] (n_tiles <= 8 * n_blocks) into the blocks.
+void tq_blocks_from_head_tiles(const uint8_t* tiles, int n_tiles, int kv_heads, int head,
+                               uint8_t* blocks);
+
 }  // namespace turbokv::cuda

@@ -42,15 +42,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   __shared__ float scratch[kWarpsPerBlock][L::kHeadDim];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t vec = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
-  const int64_t total = int64_t(p.batch) * p.n_new * p.kv_heads * 2;
+  const int64_t total = int64_t(p.rows) * p.kv_heads * 2;
   if (vec >= total) return;
   const int role = int(vec % 2);  // 0 key, 1 value
   const int64_t rest = vec / 2;
   const int head = int(rest % p.kv_heads);
-  const int i = int((rest / p.kv_heads) % p.n_new);
-  const int b = int(rest / (int64_t(p.kv_heads) * p.n_new));
-  const float* src =
-      (role == 0 ? p.k : p.v) + ((int64_t(b) * p.n_new + i) * p.kv_heads + head) * L::kHeadDim;
+  const int64_t row = rest / p.kv_heads;
+  const float* src = (role == 0 ? p.k : p.v) + (row * p.kv_heads + head) * L::kHeadDim;
   const float4 x4 = reinterpret_cast<const float4*>(src)[lane];
   const float x[4] = {x4.x, x4.y, x4.z, x4.w};
 
@@ -100,11 +98,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     if (cn > 0) stored = __fdiv_rn(n, cn);
   }
 
-  // 6. pack into the tile
-  const int token = p.start[b] + i;
-  uint8_t* tile =
-      p.tiles + ((int64_t(b) * p.kv_heads + head) * p.max_tiles + token / L::kTileTokens) *
-                    int64_t(L::kTileBytes);
+  // 6. pack into the tile: block row_pos / 256 of the row's sequence, tile (head, pos % 256 / 32)
+  const int token = p.row_pos[row];
+  uint8_t* block =
+      p.block_table[size_t(p.row_seq[row]) * p.table_stride + token / (32 * kTilesPerBlock)];
+  uint8_t* tile = block + (size_t(head) * kTilesPerBlock +
+                           (token % (32 * kTilesPerBlock)) / L::kTileTokens) *
+                              L::kTileBytes;
   const int tok = token % L::kTileTokens;
   if (role == 0) {
     // Lane l's 12 bits land at bit 12*(l%8) of its quarter's 96-bit slot; OR over the 8 lanes.
@@ -137,7 +137,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     }
   }
   if (lane == 0) {
-    *reinterpret_cast<uint16_t*>(tile + L::norm_offset(tok, role)) = to_f16_bits(stored);
+    const uint16_t bits = to_f16_bits(stored);
+    *reinterpret_cast<uint16_t*>(tile + L::norm_offset(tok, role)) = bits;
+    if (role == 1 && p.value_norm_max != nullptr) {
+      atomicMax(p.value_norm_max, __float_as_uint(fabsf(__half2float(__ushort_as_half(bits)))));
+    }
   }
 }
 
@@ -145,12 +149,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 
 void tq_quantize(const TQKernelCodec& codec, const TQQuantizeProblem& problem,
                  cudaStream_t stream) {
-  if (problem.batch < 1 || problem.n_new < 1 || problem.kv_heads < 1 || problem.max_tiles < 1) {
-    throw InvalidArgument(str_cat("tq_quantize: batch ", problem.batch, ", n_new ", problem.n_new,
-                                  ", kv_heads ", problem.kv_heads, ", max_tiles ",
-                                  problem.max_tiles, ": all must be >= 1"));
+  if (problem.rows < 1 || problem.kv_heads < 1 || problem.table_stride < 1) {
+    throw InvalidArgument(str_cat("tq_quantize: rows ", problem.rows, ", kv_heads ",
+                                  problem.kv_heads, ", table_stride ", problem.table_stride,
+                                  ": all must be >= 1"));
   }
-  const int64_t vectors = int64_t(problem.batch) * problem.n_new * problem.kv_heads * 2;
+  const int64_t vectors = int64_t(problem.rows) * problem.kv_heads * 2;
   const int64_t blocks = (vectors + kWarpsPerBlock - 1) / kWarpsPerBlock;
   tq_quantize_kernel<<<unsigned(blocks), kWarpsPerBlock * 32, 0, stream>>>(codec, problem);
   TURBOKV_CUDA_CHECK_LAUNCH();

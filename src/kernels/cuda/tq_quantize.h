@@ -1,6 +1,7 @@
-// Fused TurboQuant 3.5 quantize of new tokens' keys and values straight into the device tile
-// format (tq_layout.h): norm, rotation, codebook, norm correction, pack. Codes and norms are
-// bit-identical to quant::MseCodec::quantize (the operation order of codec_mse.h).
+// Fused TurboQuant 3.5 quantize of new tokens' keys and values straight into the paged tile
+// format (tq_layout.h tiles inside kvcache/paged.h blocks): norm, rotation, codebook, norm
+// correction, pack. Codes and norms are bit-identical to quant::MseCodec::quantize (the
+// operation order of codec_mse.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,17 +13,20 @@
 namespace turbokv::cuda {
 
 struct TQQuantizeProblem {
-  const float* k = nullptr;    // [batch, n_new, kv_heads, 128] fp32 (device)
-  const float* v = nullptr;    // same shape
-  const int* start = nullptr;  // [batch] (device): position of each sequence's first new token
-  uint8_t* tiles = nullptr;    // [batch, kv_heads, max_tiles, 3712 B] (device)
-  int batch = 0;
-  int n_new = 0;
+  const float* k = nullptr;      // [rows, kv_heads, 128] fp32 (device)
+  const float* v = nullptr;      // same shape
+  const int* row_seq = nullptr;  // [rows] (device): the sequence (block table row) of each row
+  const int* row_pos = nullptr;  // [rows] (device): its position in that sequence
+  int rows = 0;
   int kv_heads = 0;
-  int max_tiles = 0;  // the caller guarantees start[b] + n_new <= 32 * max_tiles
+  uint8_t* const* block_table = nullptr;  // [sequences, table_stride] block pointers (device)
+  int table_stride = 0;  // the caller guarantees row_pos / 256 < table_stride, block allocated
+  // Optional (nullptr: not tracked): the largest value norm stored so far, as float bits
+  // (atomicMax); the attention kernel scales its fp16 value operands by it.
+  unsigned* value_norm_max = nullptr;
 };
 
-// Throws InvalidArgument for non-positive shapes. Tokens may be written in any order; other
+// Throws InvalidArgument for non-positive shapes. Rows may be written in any order; other
 // tokens sharing a tile are left untouched.
 void tq_quantize(const TQKernelCodec& codec, const TQQuantizeProblem& problem, cudaStream_t stream);
 

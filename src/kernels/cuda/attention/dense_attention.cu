@@ -22,16 +22,27 @@ constexpr int kWarpBytes = kStages * kStageBytes;
 constexpr int kSmemBytes = kWarps * kWarpBytes;  // 208896
 static_assert(kSmemBytes >= block_partial_scratch_bytes(kWarps), "block merge scratch fits");
 
-// Stages tile `t` (tokens 32t .. 32t+31 of k/v rows [capacity, 128]) into `stage`.
-__device__ __forceinline__ void stage_tile(uint32_t stage, const __half* k, const __half* v, int t,
+// The paged cache of one (sequence, KV head): block i holds [K: kv_heads][256][128] fp16 then
+// [V: kv_heads][256][128] fp16 for tokens 256 i ..
+struct DenseSequence {
+  const uint8_t* const* table;  // the sequence's block table row
+  size_t head_offset;           // bytes to the head's first K row in a block
+  size_t v_offset;              // bytes from a K row to the same token's V row
+};
+
+// Stages tile `t` (tokens 32t .. 32t+31) into `stage`; a tile lies inside one block.
+__device__ __forceinline__ void stage_tile(uint32_t stage, const DenseSequence& seq, int t,
                                            int len, int lane) {
+  const __half* k = reinterpret_cast<const __half*>(seq.table[t / kBlockTiles] + seq.head_offset) +
+                    size_t(t % kBlockTiles) * kTileTokens * kHeadDim;
+  const __half* v = reinterpret_cast<const __half*>(reinterpret_cast<const uint8_t*>(k) +
+                                                    seq.v_offset);
 #pragma unroll
   for (int i = 0; i < kTileTokens * kHeadDim * 2 / 16 / 32; ++i) {
     const int chunk = i * 32 + lane;
     const int token = chunk / 16, part = chunk % 16;
-    const int global_token = t * kTileTokens + token;
-    const bool valid = global_token < len;
-    const size_t offset = (valid ? size_t(global_token) * kHeadDim : 0) + part * 8;
+    const bool valid = t * kTileTokens + token < len;
+    const size_t offset = (valid ? size_t(token) * kHeadDim : 0) + part * 8;
     const uint32_t dst = stage + token * kRowBytes + part * 16;
     cp_async_16(dst, k + offset, valid ? 16 : 0);
     cp_async_16(dst + kTileBytes, v + offset, valid ? 16 : 0);
@@ -69,9 +80,7 @@ __device__ __forceinline__ void process_staged(uint32_t stage, int tile_token0,
   }
 }
 
-__global__ void __launch_bounds__(kWarps * 32)
-    dense_attention_kernel(const AttentionArgs a, const __half* k_cache, const __half* v_cache,
-                           int capacity) {
+__global__ void __launch_bounds__(kWarps * 32) dense_attention_kernel(const AttentionArgs a) {
   extern __shared__ __align__(16) char smem[];
   __shared__ __align__(16) float q_s[kColumns][kHeadDim];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -92,9 +101,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     qf[kk][1] = half2_bits(q[8], q[9]);
   }
 
-  const size_t seq_offset = (size_t(bc.b) * a.kv_heads + bc.kv_head) * capacity * kHeadDim;
-  const __half* k = k_cache + seq_offset;
-  const __half* v = v_cache + seq_offset;
+  constexpr size_t kHeadRunBytes = size_t(kBlockTiles) * kTileTokens * kHeadDim * 2;
+  const DenseSequence seq{a.block_table + size_t(bc.b) * a.table_stride,
+                          size_t(bc.kv_head) * kHeadRunBytes, size_t(a.kv_heads) * kHeadRunBytes};
   const int len = a.seq_lens[bc.b];
   const uint32_t warp_smem = smem_addr(smem + warp * kWarpBytes);
 
@@ -104,7 +113,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
     const int t = first + i * kWarps;
-    if (t < bc.tile_end) stage_tile(warp_smem + i * kStageBytes, k, v, t, len, lane);
+    if (t < bc.tile_end) stage_tile(warp_smem + i * kStageBytes, seq, t, len, lane);
     cp_async_commit();
   }
   for (int i = 0, t = first; t < bc.tile_end; ++i, t += kWarps) {
@@ -112,7 +121,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncwarp();
     const int ahead = t + (kStages - 1) * kWarps;
     if (ahead < bc.tile_end) {
-      stage_tile(warp_smem + ((i + kStages - 1) % kStages) * kStageBytes, k, v, ahead, len, lane);
+      stage_tile(warp_smem + ((i + kStages - 1) % kStages) * kStageBytes, seq, ahead, len, lane);
     }
     cp_async_commit();
     process_staged(warp_smem + (i % kStages) * kStageBytes, t * kTileTokens, qf, a.scale_log2, bc,
@@ -127,8 +136,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 }  // namespace
 
-void launch_dense_attention(const AttentionArgs& args, const __half* k, const __half* v,
-                            int capacity, int batch, cudaStream_t stream) {
+void launch_dense_attention(const AttentionArgs& args, int batch, cudaStream_t stream) {
   static const bool configured = [] {
     TURBOKV_CUDA_CHECK(cudaFuncSetAttribute(
         dense_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
@@ -136,8 +144,7 @@ void launch_dense_attention(const AttentionArgs& args, const __half* k, const __
   }();
   (void)configured;
   const dim3 grid(args.splits, args.kv_heads * args.row_groups, batch);
-  launch_attention_kernel(dense_attention_kernel, grid, kWarps * 32, kSmemBytes, stream, args, k,
-                          v, capacity);
+  launch_attention_kernel(dense_attention_kernel, grid, kWarps * 32, kSmemBytes, stream, args);
 }
 
 int dense_attention_blocks_per_sm() {

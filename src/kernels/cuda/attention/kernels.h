@@ -15,14 +15,13 @@
 
 namespace turbokv::cuda::attn {
 
-// grid (splits, kv_heads * row_groups, batch); tiles [batch, kv_heads, max_tiles, 3712 B].
+// grid (splits, kv_heads * row_groups, batch); the paged cache of args.block_table.
 // One block of 12 warps per SM.
-void launch_tq_attention(const AttentionArgs& args, const TQKernelCodec& codec,
-                         const uint8_t* tiles, int max_tiles, int batch, cudaStream_t stream);
+void launch_tq_attention(const AttentionArgs& args, const TQKernelCodec& codec, int batch,
+                         cudaStream_t stream);
 
-// k, v [batch, kv_heads, capacity, 128] fp16.
-void launch_dense_attention(const AttentionArgs& args, const __half* k, const __half* v,
-                            int capacity, int batch, cudaStream_t stream);
+// The paged fp16 cache of args.block_table.
+void launch_dense_attention(const AttentionArgs& args, int batch, cudaStream_t stream);
 int dense_attention_blocks_per_sm();
 
 // Launches `kernel` on `grid` x `threads` with `smem` bytes of dynamic shared memory, with

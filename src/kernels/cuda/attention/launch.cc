@@ -61,6 +61,14 @@ SplitPlan plan(const AttentionProblem& p, CacheKind kind) {
   return plan;
 }
 
+void check_table(const uint8_t* const* table, int stride, int max_len) {
+  if (table == nullptr || int64_t(stride) * attn::kBlockTiles * attn::kTileTokens < max_len) {
+    throw InvalidArgument(str_cat("CUDA attention: max_len ", max_len,
+                                  " exceeds the block table's capacity of ", stride,
+                                  " blocks of 256 tokens"));
+  }
+}
+
 size_t workspace_bytes(const SplitPlan& plan) {
   return plan.partials * (attn::kHeadDim / 4 * sizeof(uint4) + sizeof(uint2));
 }
@@ -86,28 +94,27 @@ void tq_attention(const TQKernelCodec& codec, const TQCacheView& cache,
                   const AttentionProblem& problem, void* workspace, size_t workspace_bytes,
                   cudaStream_t stream) {
   SplitPlan p = plan(problem, CacheKind::kTurboQuant);
-  if (cache.max_tiles * attn::kTileTokens < problem.max_len) {
-    throw InvalidArgument(str_cat("CUDA attention: max_len ", problem.max_len,
-                                  " exceeds the cache capacity of ", cache.max_tiles, " tiles"));
-  }
+  check_table(cache.block_table, cache.table_stride, problem.max_len);
   bind_workspace(p, workspace, workspace_bytes);
+  p.args.block_table = cache.block_table;
+  p.args.table_stride = cache.table_stride;
+  p.args.value_norm_max = cache.value_norm_max;
   p.args.unrotate = 1;
   p.args.hadamard_scale = codec.hadamard_scale;
   std::copy(std::begin(codec.value_sign_flips), std::end(codec.value_sign_flips),
             p.args.value_sign_flips);
-  attn::launch_tq_attention(p.args, codec, cache.tiles, cache.max_tiles, problem.batch, stream);
+  attn::launch_tq_attention(p.args, codec, problem.batch, stream);
   TURBOKV_CUDA_CHECK_LAUNCH();
 }
 
 void dense_attention(const DenseCacheView& cache, const AttentionProblem& problem, void* workspace,
                      size_t workspace_bytes, cudaStream_t stream) {
   SplitPlan p = plan(problem, CacheKind::kDense);
-  if (cache.capacity < problem.max_len) {
-    throw InvalidArgument(str_cat("CUDA attention: max_len ", problem.max_len,
-                                  " exceeds the dense cache capacity ", cache.capacity));
-  }
+  check_table(cache.block_table, cache.table_stride, problem.max_len);
   bind_workspace(p, workspace, workspace_bytes);
-  attn::launch_dense_attention(p.args, cache.k, cache.v, cache.capacity, problem.batch, stream);
+  p.args.block_table = cache.block_table;
+  p.args.table_stride = cache.table_stride;
+  attn::launch_dense_attention(p.args, problem.batch, stream);
   TURBOKV_CUDA_CHECK_LAUNCH();
 }
 

@@ -27,7 +27,7 @@ __device__ __forceinline__ bool written(uint4 x) {
 __device__ __forceinline__ bool written(uint2 x) { return x.x != 0 && x.y != 0; }
 
 __device__ __forceinline__ void merge_row(const AttentionArgs& a, int b, int kv_head, int row,
-                                          int n_splits, int lane) {
+                                          int n_splits, int lane, float out_scale) {
   const size_t base = ((size_t(b) * a.kv_heads + kv_head) * a.rows + row) * a.splits;
   uint4* part = a.part_acc + base * (kHeadDim / 4) + lane;
   uint2* part_ml = a.part_ml + base;
@@ -79,7 +79,7 @@ __device__ __forceinline__ void merge_row(const AttentionArgs& a, int b, int kv_
     m = m_new;
   }
   stamp(a, kStampPublished);  // warp 0: its row's partials are all in
-  const float inv = l > 0 ? 1.0f / l : 0.0f;
+  const float inv = l > 0 ? out_scale / l : 0.0f;
   float o[4] = {acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv};
   if (a.unrotate) {  // R^T y = s ⊙ (H y) * scale
     hadamard_row(o, lane);
@@ -104,9 +104,10 @@ __device__ __forceinline__ void merge_row(const AttentionArgs& a, int b, int kv_
 
 // After write_block_partial: split 0's block merges its row group (warp w takes rows w,
 // w + kNumWarps, ... of the group) once the other splits' partials are in; the others are done.
+// out_scale multiplies the merged rows (undoes a scaling of the value operands).
 template <int kNumWarps>
 __device__ __forceinline__ void finish_row_group(const AttentionArgs& a, const BlockCoords& bc,
-                                                 int warp, int lane) {
+                                                 int warp, int lane, float out_scale = 1.0f) {
   if (bc.split != 0) {
     stamp(a, kStampPublished);
     return;
@@ -114,7 +115,7 @@ __device__ __forceinline__ void finish_row_group(const AttentionArgs& a, const B
   const int n_splits = (bc.n_tiles + a.tiles_per_split - 1) / a.tiles_per_split;
   for (int col = warp; col < kColumns; col += kNumWarps) {
     const int row = bc.row_group * kColumns + col;
-    if (row < a.rows) merge_row(a, bc.b, bc.kv_head, row, n_splits, lane);
+    if (row < a.rows) merge_row(a, bc.b, bc.kv_head, row, n_splits, lane, out_scale);
   }
   stamp(a, kStampLast, 1);
   stamp(a, kStampMerged);

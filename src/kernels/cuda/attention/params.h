@@ -21,6 +21,10 @@ constexpr int kTileTokens = 32;
 constexpr int kColumns = 8;  // query rows per block: the N of the m16n8k16 MMA
 constexpr int kWarps = 4;    // dense kernel: warps per block; warp w takes tiles w, w + 4, ...
 constexpr int kMaxSplits = 128;
+constexpr int kBlockTiles = 8;  // tiles of a 256-token cache block
+// Value operands of the MMAs are fp16: p * norm with p <= 2^kLazySlack (state.cuh) stays
+// finite while norms are <= kMaxPlainValueNorm; above it the kernels scale by a power of two.
+constexpr float kMaxPlainValueNorm = 2048.0f;
 
 struct AttentionArgs {
   const float* q = nullptr;
@@ -44,6 +48,12 @@ struct AttentionArgs {
   float hadamard_scale = 1;
   uint32_t value_sign_flips[4] = {0, 0, 0, 0};
   int programmatic = 0;  // launched with PDL: wait for the previous kernel before reading
+  // Paged cache (kvcache/paged.h): block_table[b * table_stride + i] holds tokens
+  // [256 i, 256 (i + 1)) of sequence b.
+  const uint8_t* const* block_table = nullptr;
+  int table_stride = 0;
+  // TurboQuant: the largest stored value norm (float bits, device) or nullptr.
+  const unsigned* value_norm_max = nullptr;
   // Profiling only (nullptr otherwise): kTimelinePoints stamps per block, see stamp().
   unsigned long long* timeline = nullptr;
 };

@@ -134,8 +134,18 @@ __device__ __forceinline__ bool tile_needs_mask(const BlockCoords& bc, int tile_
 }
 
 // softmax_tile's lazy max (log2 units): probabilities stay <= 2^kLazySlack = 16, so the fp16
-// value-MMA operands p * value norm stay finite for value norms up to 4096.
+// value-MMA operands p * value norm stay finite for value norms up to kMaxPlainValueNorm;
+// value_operand_scale() scales larger norms down.
 constexpr float kLazySlack = 4.0f;
+
+// The power of two the value norms are multiplied by (1 unless the cache holds a value norm
+// above kMaxPlainValueNorm; args.value_norm_max, device float bits).
+__device__ __forceinline__ float value_operand_scale(const AttentionArgs& a) {
+  if (a.value_norm_max == nullptr) return 1.0f;
+  const float max_norm = __uint_as_float(*a.value_norm_max);
+  if (!(max_norm > kMaxPlainValueNorm)) return 1.0f;
+  return exp2f(-ceilf(log2f(max_norm / kMaxPlainValueNorm)));
+}
 
 // One 32-token tile: raw scores s[m-tile][frag] (token 16*mt + g + 8*(frag/2), column
 // 2c + frag%2), per-slot multipliers (slot = 2*mt + frag/2) that bring the scores to log2

@@ -74,26 +74,40 @@ __device__ __forceinline__ void fill_tables(char* tables, const TQKernelCodec& c
   }
 }
 
-// The first tile of the block's sequence and KV head.
-__device__ __forceinline__ const uint8_t* sequence_tiles(const AttentionArgs& a,
-                                                         const uint8_t* tiles,
-                                                         const BlockCoords& bc, int max_tiles) {
-  return tiles + (size_t(bc.b) * a.kv_heads + bc.kv_head) * size_t(max_tiles) * L::kTileBytes;
+__device__ __forceinline__ const uint8_t* load_nc(const uint8_t* const* p) {
+  unsigned long long x;
+  asm volatile("ld.global.nc.u64 %0, [%1];" : "=l"(x) : "l"(p));
+  return reinterpret_cast<const uint8_t*>(x);
 }
 
-// Long splits: warp 0 bulk-prefetches the split's first kPrefetchTiles tiles to L2 (12 tiles
-// per lane), so HBM is busy while the prologue runs and the first steps hit L2 (measured: from
-// tile 0, not from the second round, is faster). seq: the sequence's first tile.
-__device__ __forceinline__ void prefetch_split_start(const AttentionArgs& a, const uint8_t* seq,
-                                                     int max_tiles, int warp, int lane) {
+// The tiles of the block's sequence and KV head in the paged cache: tile t is tile t % 8 of
+// the head's run in block t / 8, [kv_heads][8 tiles][3712 B].
+struct SequenceTiles {
+  const uint8_t* const* table;  // the sequence's block table row
+  size_t head_offset;           // kv_head * 8 * kTileBytes (+ 16 * lane for a lane's chunks)
+  __device__ __forceinline__ const uint8_t* tile(int t) const {
+    return load_nc(table + t / kBlockTiles) + head_offset + size_t(t % kBlockTiles) * L::kTileBytes;
+  }
+};
+
+__device__ __forceinline__ SequenceTiles sequence_tiles(const AttentionArgs& a,
+                                                        const BlockCoords& bc, size_t extra) {
+  return SequenceTiles{a.block_table + size_t(bc.b) * a.table_stride,
+                       size_t(bc.kv_head) * kBlockTiles * L::kTileBytes + extra};
+}
+
+// Long splits: warp 0 prefetches the split's first kPrefetchTiles tiles to L2 (a tile per
+// lane per round), so HBM is busy while the prologue runs and the first steps hit L2
+// (measured: from tile 0, not from the second round, is faster).
+__device__ __forceinline__ void prefetch_split_start(const AttentionArgs& a,
+                                                     const SequenceTiles& seq, int max_tiles,
+                                                     int warp, int lane) {
   if (warp != 0 || a.tiles_per_split < kPrefetchFrom) return;
   const int begin = blockIdx.x * a.tiles_per_split;
   const int end = min(min(begin + a.tiles_per_split, max_tiles), begin + kPrefetchTiles);
-  const int t = begin + 12 * lane;
-  if (t < end) {
-    const uint32_t bytes = uint32_t(min(t + 12, end) - t) * L::kTileBytes;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(seq + size_t(t) * L::kTileBytes),
-                 "r"(bytes)
+  for (int t = begin + lane; t < end; t += 32) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(seq.tile(t)),
+                 "r"(uint32_t(L::kTileBytes))
                  : "memory");
   }
 }
@@ -189,7 +203,8 @@ struct QueryFrags {
 
 __device__ __forceinline__ void process_tile(const TileRegs& r, int tile_token0,
                                              const QueryFrags& qf, uint32_t lane_table,
-                                             const BlockCoords& bc, int g, WarpState& st) {
+                                             const BlockCoords& bc, int g, float value_scale,
+                                             WarpState& st) {
   // Scores: four independent MMA chains (m-tile x even/odd k-chunk), summed at the end.
   float s4[2][2][4] = {};
 #pragma unroll
@@ -215,7 +230,7 @@ __device__ __forceinline__ void process_tile(const TileRegs& r, int tile_token0,
   for (int slot = 0; slot < 4; ++slot) {
     const __half2 norms = *reinterpret_cast<const __half2*>(&norm_words[slot]);
     kmul[slot] = __low2float(norms);  // the query fragments carry scale * log2 e
-    vmul[slot] = __high2float(norms);
+    vmul[slot] = __high2float(norms) * value_scale;
   }
   uint32_t pb[2][2];
   softmax_any_tile(st, s, kmul, vmul, tile_token0, bc, g, pb);
@@ -241,8 +256,7 @@ __device__ __forceinline__ void process_tile(const TileRegs& r, int tile_token0,
 // that the plain kernel's prologue is exactly the measured one.
 template <bool kProgrammatic>
 __global__ void __launch_bounds__(kBlockWarps * 32, 1)
-    tq_attention_kernel(const AttentionArgs a, const TQKernelCodec codec, const uint8_t* tiles,
-                        int max_tiles) {
+    tq_attention_kernel(const AttentionArgs a, const TQKernelCodec codec) {
   extern __shared__ __align__(16) char smem[];   // gap, 64 KB-aligned tables (merge scratch later)
   __shared__ __align__(16) uint2 q_frag[8][32];  // the score MMA's B operands (QueryFrags)
   stamp(a, kStampEntry);
@@ -251,11 +265,14 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 1)
   const uint32_t smem_base = smem_addr(smem);
   const uint32_t table_offset = (65536u - smem_base % 65536u) % 65536u;
   BlockCoords bc = block_position(a);
+  const int max_tiles = a.table_stride * kBlockTiles;
   // Launched with PDL: what reads nothing the previous kernel may write runs before waiting for
-  // it (the tables come from the codec argument; an L2 prefetch is only a hint).
+  // it (the tables come from the codec argument). The block table may be rewritten by the
+  // previous kernels' host-side stream order only, never by a kernel, so the prefetch may read
+  // it; an L2 prefetch is only a hint.
   if (kProgrammatic) {
     fill_tables(smem + table_offset, codec, warp, lane);
-    prefetch_split_start(a, sequence_tiles(a, tiles, bc, max_tiles), max_tiles, warp, lane);
+    prefetch_split_start(a, sequence_tiles(a, bc, 0), max_tiles, warp, lane);
     wait_for_previous_kernel();
   }
   // The query row and the sequence length are requested first (measured: the prologue ends
@@ -265,15 +282,19 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 1)
   const float* q_row = warp < kColumns ? query_row(a, bc, warp) : nullptr;
   const float4 q_in = q_row != nullptr ? load_nc(reinterpret_cast<const float4*>(q_row) + lane)
                                        : make_float4(0, 0, 0, 0);
-  const uint8_t* seq_tiles = sequence_tiles(a, tiles, bc, max_tiles) + 16 * lane;
+  // Value operands are fp16: norms above kMaxPlainValueNorm are scaled down by a power of two
+  // (exact), and the merge scales the output back up.
+  const float value_scale = value_operand_scale(a);
+  const SequenceTiles seq_tiles = sequence_tiles(a, bc, 16 * lane);
   TileRegs buf[2];
   const int first = blockIdx.x * a.tiles_per_split + warp;
   if (first < min((blockIdx.x + 1) * a.tiles_per_split, max_tiles)) {
-    load_tile_keys(buf[0], seq_tiles + size_t(first) * L::kTileBytes, lane);
-    load_tile_values(buf[0], seq_tiles + size_t(first) * L::kTileBytes);
+    const uint8_t* tile = seq_tiles.tile(first);
+    load_tile_keys(buf[0], tile, lane);
+    load_tile_values(buf[0], tile);
   }
   if (!kProgrammatic) {
-    prefetch_split_start(a, seq_tiles - 16 * lane, max_tiles, warp, lane);
+    prefetch_split_start(a, sequence_tiles(a, bc, 0), max_tiles, warp, lane);
     // The tables do not depend on the length: filled while it and the query are on their way
     // (measured: -0.5 to -1%).
     fill_tables(smem + table_offset, codec, warp, lane);
@@ -313,24 +334,24 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 1)
       if (t >= bc.tile_end) break;
       // The whole next tile (keys, norms, values) is requested before this one is computed.
       if (t + kBlockWarps < bc.tile_end) {
-        const uint8_t* next = seq_tiles + size_t(t + kBlockWarps) * L::kTileBytes;
+        const uint8_t* next = seq_tiles.tile(t + kBlockWarps);
         load_tile_keys(buf[1 - u], next, lane);
         load_tile_values(buf[1 - u], next);
       }
-      process_tile(buf[u], t * kTileTokens, qf, lane_table, bc, g, st);
+      process_tile(buf[u], t * kTileTokens, qf, lane_table, bc, g, value_scale, st);
     }
   }
   stamp(a, kStampLoop);
   let_next_kernel_start();  // a PDL-launched successor may now take SMs as blocks finish
   write_block_partial<kBlockWarps>(st, reinterpret_cast<float*>(smem), a, bc, warp, g, c);
   stamp(a, kStampPartial);
-  finish_row_group<kBlockWarps>(a, bc, warp, lane);
+  finish_row_group<kBlockWarps>(a, bc, warp, lane, 1.0f / value_scale);
 }
 
 }  // namespace
 
-void launch_tq_attention(const AttentionArgs& args, const TQKernelCodec& codec,
-                         const uint8_t* tiles, int max_tiles, int batch, cudaStream_t stream) {
+void launch_tq_attention(const AttentionArgs& args, const TQKernelCodec& codec, int batch,
+                         cudaStream_t stream) {
   static const bool configured = [] {
     for (auto kernel : {tq_attention_kernel<false>, tq_attention_kernel<true>}) {
       TURBOKV_CUDA_CHECK(
@@ -341,8 +362,7 @@ void launch_tq_attention(const AttentionArgs& args, const TQKernelCodec& codec,
   (void)configured;
   const dim3 grid(args.splits, args.kv_heads * args.row_groups, batch);
   launch_attention_kernel(args.programmatic ? tq_attention_kernel<true> : tq_attention_kernel<false>,
-                          grid, kBlockWarps * 32, kSmemBytes, stream, args, codec, tiles,
-                          max_tiles);
+                          grid, kBlockWarps * 32, kSmemBytes, stream, args, codec);
 }
 
 }  // namespace turbokv::cuda::attn

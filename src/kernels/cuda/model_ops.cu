@@ -1,0 +1,388 @@
+// Model kernels (model_ops.h). Plain shapes: one block per row where a row needs a reduction
+// (RMSNorm sums in double as the CPU reference does), grid-stride loops elsewhere. They are a
+// small part of a step; the GEMMs and attention dominate.
+#include "kernels/cuda/model_ops.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cfloat>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace turbokv::cuda {
+
+size_t elem_bytes(Elem e) { return e == Elem::kF32 ? 4 : 2; }
+
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned grid_for(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return unsigned(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);
+}
+
+__device__ __forceinline__ float load_elem(const void* p, Elem e, int64_t i) {
+  switch (e) {
+    case Elem::kF32: return static_cast<const float*>(p)[i];
+    case Elem::kF16: return __half2float(static_cast<const __half*>(p)[i]);
+    case Elem::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  }
+  return 0;
+}
+
+__device__ __forceinline__ void store_elem(void* p, Elem e, int64_t i, float x) {
+  switch (e) {
+    case Elem::kF32: static_cast<float*>(p)[i] = x; break;
+    case Elem::kF16: static_cast<__half*>(p)[i] = __float2half_rn(x); break;
+    case Elem::kBF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(x); break;
+  }
+}
+
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+template <typename T>
+__device__ T block_sum(T v) {
+  __shared__ T partial[32];
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  T total = 0;
+  for (int w = 0; w < int(blockDim.x / 32); ++w) total += partial[w];
+  return total;
+}
+
+__global__ void embed_kernel(const void* table, Elem elem, int64_t cols, const int32_t* ids,
+                             float scale, float* out) {
+  const int64_t row = blockIdx.x;
+  const int64_t src = int64_t(ids[row]) * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    out[row * cols + c] = scale * load_elem(table, elem, src + c);
+  }
+}
+
+__global__ void rms_norm_kernel(const float* x, int64_t dim, const float* w, float eps, void* out,
+                                Elem out_elem) {
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * dim;
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) s += double(xr[i]) * xr[i];
+  s = block_sum(s);
+  const float inv = float(1.0 / sqrt(s / double(dim) + double(eps)));
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    store_elem(out, out_elem, row * dim + i, (xr[i] * inv) * w[i]);
+  }
+}
+
+// One block per (token, head slot): slots [0, heads) are q heads, then kv_heads k heads, then
+// kv_heads v heads.
+__global__ void qkv_post_kernel(const QkvPostProblem p) {
+  extern __shared__ float h[];  // [head_dim]
+  const int64_t t = blockIdx.x;
+  const int slot = blockIdx.y;
+  const int d = p.head_dim;
+  const int q_dim = p.heads * d, kv_dim = p.kv_heads * d;
+  int col, kind;  // kind 0 q, 1 k, 2 v
+  float* dst;
+  if (slot < p.heads) {
+    kind = 0;
+    col = slot * d;
+    dst = p.q + (t * p.heads + slot) * d;
+  } else if (slot < p.heads + p.kv_heads) {
+    kind = 1;
+    col = q_dim + (slot - p.heads) * d;
+    dst = p.k + (t * p.kv_heads + (slot - p.heads)) * d;
+  } else {
+    kind = 2;
+    col = q_dim + kv_dim + (slot - p.heads - p.kv_heads) * d;
+    dst = p.v + (t * p.kv_heads + (slot - p.heads - p.kv_heads)) * d;
+  }
+  const float* src = p.qkv + t * (q_dim + 2 * kv_dim) + col;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    h[i] = src[i] + (p.bias != nullptr ? p.bias[col + i] : 0.0f);
+  }
+  __syncthreads();
+  const float* norm = kind == 0 ? p.q_norm : kind == 1 ? p.k_norm : nullptr;
+  if (norm != nullptr) {
+    double s = 0;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) s += double(h[i]) * h[i];
+    s = block_sum(s);
+    const float inv = float(1.0 / sqrt(s / double(d) + double(p.norm_eps)));
+    __syncthreads();
+    for (int i = threadIdx.x; i < d; i += blockDim.x) h[i] = (h[i] * inv) * norm[i];
+    __syncthreads();
+  }
+  if (kind < 2 && p.rotary_dim > 0) {
+    const int half = p.rotary_dim / 2;
+    const float pos = float(p.positions[t]);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+      const float angle = pos * p.inv_freq[i];
+      const float c = float(cos(double(angle))) * p.attention_scaling;
+      const float s = float(sin(double(angle))) * p.attention_scaling;
+      const float a = h[i], b = h[i + half];
+      dst[i] = a * c - b * s;
+      dst[i + half] = b * c + a * s;
+    }
+    for (int i = p.rotary_dim + threadIdx.x; i < d; i += blockDim.x) dst[i] = h[i];
+  } else {
+    for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] = h[i];
+  }
+}
+
+__global__ void gated_kernel(const float* gate_up, int64_t rows, int64_t inter,
+                             const float* gate_bias, const float* up_bias, Activation act,
+                             void* out, Elem out_elem) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  const int64_t n = rows * inter;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / inter, c = i % inter;
+    const float g = gate_up[r * 2 * inter + c] + (gate_bias != nullptr ? gate_bias[c] : 0.0f);
+    const float u = gate_up[r * 2 * inter + inter + c] + (up_bias != nullptr ? up_bias[c] : 0.0f);
+    const float a = act == Activation::kSilu
+                        ? g / (1.0f + expf(-g))
+                        : 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g)));
+    store_elem(out, out_elem, i, a * u);
+  }
+}
+
+__global__ void residual_kernel(float* x, const float* y, int64_t dim, const float* bias,
+                                const float* post_norm, float eps) {
+  const int64_t row = blockIdx.x;
+  const float* yr = y + row * dim;
+  float* xr = x + row * dim;
+  float inv = 1.0f;
+  if (post_norm != nullptr) {
+    double s = 0;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+      const float v = yr[i] + (bias != nullptr ? bias[i] : 0.0f);
+      s += double(v) * v;
+    }
+    s = block_sum(s);
+    inv = float(1.0 / sqrt(s / double(dim) + double(eps)));
+  }
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = yr[i] + (bias != nullptr ? bias[i] : 0.0f);
+    xr[i] += post_norm != nullptr ? (v * inv) * post_norm[i] : v;
+  }
+}
+
+__global__ void cast_kernel(const float* x, int64_t n, void* out, Elem elem) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    store_elem(out, elem, i, x[i]);
+  }
+}
+
+__global__ void softcap_kernel(float* x, int64_t n, float cap) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    x[i] = cap * tanhf(x[i] / cap);
+  }
+}
+
+__global__ void gather_kernel(const float* x, int64_t dim, const int32_t* rows, float* out) {
+  const int64_t i = blockIdx.x;
+  const float* src = x + int64_t(rows[i]) * dim;
+  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) out[i * dim + c] = src[c];
+}
+
+// (value, index) better than (bv, bi): larger, or equal with a lower index; NaN never wins.
+__device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
+  if (isnan(v)) return false;
+  if (isnan(bv)) return true;
+  return v > bv || (v == bv && i < bi);
+}
+
+__device__ void block_argmax(float& v, int& i) {
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  for (int o = 16; o > 0; o /= 2) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (better(ov, oi, v, i)) v = ov, i = oi;
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __syncthreads();
+  if (lane == 0) sv[warp] = v, si[warp] = i;
+  __syncthreads();
+  v = sv[0];
+  i = si[0];
+  for (int w = 1; w < int(blockDim.x / 32); ++w) {
+    if (better(sv[w], si[w], v, i)) v = sv[w], i = si[w];
+  }
+}
+
+__global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* out) {
+  const int64_t row = blockIdx.x;
+  const float* l = logits + row * vocab;
+  float v = NAN;
+  int idx = INT_MAX;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    if (better(l[j], int(j), v, idx)) v = l[j], idx = int(j);
+  }
+  block_argmax(v, idx);
+  if (threadIdx.x == 0) out[row] = idx == INT_MAX ? 0 : idx;
+}
+
+__global__ void moe_route_kernel(const float* logits, int experts, int top_k, bool norm_topk,
+                                 int32_t* expert_ids, float* weights) {
+  extern __shared__ float p[];  // [experts]
+  const int64_t t = blockIdx.x;
+  const float* l = logits + t * experts;
+  float v = NAN;
+  int idx = INT_MAX;
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+    if (better(l[e], e, v, idx)) v = l[e], idx = e;
+  }
+  block_argmax(v, idx);
+  const float max = v;
+  double s = 0;
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+    p[e] = expf(l[e] - max);
+    s += p[e];
+  }
+  s = block_sum(s);
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) p[e] = float(p[e] / s);
+  __syncthreads();
+  // top_k rounds of argmax over the experts not taken yet (taken ones are set to -inf).
+  __shared__ float chosen_p[64];
+  __shared__ int chosen[64];
+  for (int k = 0; k < top_k; ++k) {
+    float bv = NAN;
+    int bi = INT_MAX;
+    for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+      if (better(p[e], e, bv, bi)) bv = p[e], bi = e;
+    }
+    block_argmax(bv, bi);
+    if (threadIdx.x == 0) {
+      chosen[k] = bi;
+      chosen_p[k] = bv;
+      p[bi] = -INFINITY;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    float top_sum = 0;
+    for (int k = 0; k < top_k; ++k) top_sum += chosen_p[k];
+    for (int k = 0; k < top_k; ++k) {
+      expert_ids[t * top_k + k] = chosen[k];
+      weights[t * top_k + k] = norm_topk ? chosen_p[k] / top_sum : chosen_p[k];
+    }
+  }
+}
+
+__global__ void scatter_add_kernel(float* out, const float* y, const int32_t* token,
+                                   const float* weight, int64_t dim) {
+  const int64_t i = blockIdx.x;
+  float* o = out + int64_t(token[i]) * dim;
+  const float w = weight[i];
+  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) o[c] += y[i * dim + c] * w;
+}
+
+void check_rows(int64_t rows, const char* what) {
+  if (rows < 0 || rows > int64_t(INT32_MAX)) {
+    throw InvalidArgument(str_cat(what, ": ", rows, " rows is out of range"));
+  }
+}
+
+}  // namespace
+
+void embed_rows(const void* table, Elem elem, int64_t cols, const int32_t* ids, int64_t n,
+                float scale, float* out, cudaStream_t stream) {
+  check_rows(n, "embed_rows");
+  if (n == 0) return;
+  embed_kernel<<<unsigned(n), kThreads, 0, stream>>>(table, elem, cols, ids, scale, out);
+  TURBOKV_CUDA_CHECK_LAUNCH();
+}
+
+void rms_norm(const float* x, int64_t rows, int64_t dim, const float* weight, float eps, void* out,
+              Elem out_elem, cudaStream_t stream) {
+  check_rows(rows, "rms_norm");
+  if (rows == 0) return;
+  rms_norm_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, dim, weight, eps, out, out_elem);
+  TURBOKV_CUDA_CHECK_LAUNCH();
+}
+
+void qkv_post(const QkvPostProblem& p, cudaStream_t stream) {
+  check_rows(p.tokens, "qkv_post");
+  if (p.tokens == 0) return;
+  if (p.head_dim < 1 || p.head_dim > 1024 || p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim) {
+    throw InvalidArgument(str_cat("qkv_post: head_dim ", p.head_dim, ", rotary_dim ",
+                                  p.rotary_dim, ": need an even rotary_dim <= head_dim <= 1024"));
+  }
+  const dim3 grid(unsigned(p.tokens), unsigned(p.heads + 2 * p.kv_heads));
+  qkv_post_kernel<<<grid, 128, size_t(p.head_dim) * sizeof(float), stream>>>(p);
+  TURBOKV_CUDA_CHECK_LAUNCH();
+}
+
+void gated_activation(const float* gate_up, int64_t rows, int64_t inter, const float* gate_bias,
+                      const float* up_bias, Activation act, void* out, Elem out_elem,
+                      cudaStream_t stream) {
+  if (rows * inter == 0) return;
+  gated_kernel<<<grid_for(rows * inter), kThreads, 0, stream>>>(gate_up, rows, inter, gate_bias,
+                                                                up_bias, act, out, out_elem);
+  TURBOKV_CUDA_CHECK_LAUNCH();
+}
+
+void residual_add(float* x, const float* y, int64_t rows, int64_t dim, const float* bias,
+                  const float* post_norm, float eps, cudaStream_t stream) {
+  check_rows(rows, "residual_add");
+  if (rows == 0) return;
+  residual_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, y, dim, bias, post_norm, eps);
+  TURBOKV_CUDA_CHECK_LAUNCH();
+}
+
+void cast(const float* x, int64_t n, void* out, Elem elem, cudaStream_t stream) {
+  if (n == 0) return;
+  cast_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, out, elem);
+  TURBOKV_CUDA_CHECK_LAUNCH();
+}
+
+void softcap(float* x, int64_t n, float cap, cudaStream_t stream) {
+  if (n == 0) return;
+  softcap_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, cap);
+  TURBOKV_CUDA_CHECK_LAUNCH();
+}
+
+void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out,
+                 cudaStream_t stream) {
+  check_rows(n, "gather_rows");
+  if (n == 0) return;
+  gather_kernel<<<unsigned(n), kThreads, 0, stream>>>(x, dim, rows, out);
+  TURBOKV_CUDA_CHECK_LAUNCH();
+}
+
+void argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* out,
+                 cudaStream_t stream) {
+  check_rows(rows, "argmax_rows");
+  if (rows == 0) return;
+  argmax_kernel<<<unsigned(rows), 1024, 0, stream>>>(logits, vocab, out);
+  TURBOKV_CUDA_CHECK_LAUNCH();
+}
+
+void moe_route(const float* logits, int64_t tokens, int experts, int top_k, bool norm_topk,
+               int32_t* expert_ids, float* weights, cudaStream_t stream) {
+  check_rows(tokens, "moe_route");
+  if (experts < 1 || experts > 1024 || top_k < 1 || top_k > experts || top_k > 64) {
+    throw InvalidArgument(str_cat("moe_route: ", experts, " experts, top ", top_k,
+                                  ": need 1 <= top_k <= 64, top_k <= experts <= 1024"));
+  }
+  if (tokens == 0) return;
+  moe_route_kernel<<<unsigned(tokens), kThreads, size_t(experts) * sizeof(float), stream>>>(
+      logits, experts, top_k, norm_topk, expert_ids, weights);
+  TURBOKV_CUDA_CHECK_LAUNCH();
+}
+
+void scatter_add_weighted(float* out, const float* y, const int32_t* token, const float* weight,
+                          int64_t n, int64_t dim, cudaStream_t stream) {
+  check_rows(n, "scatter_add_weighted");
+  if (n == 0) return;
+  scatter_add_kernel<<<unsigned(n), kThreads, 0, stream>>>(out, y, token, weight, dim);
+  TURBOKV_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace turbokv::cuda

@@ -1,0 +1,402 @@
+// Device KV caches (device_caches.h): the cache object, the shared context, and the plan ->
+// caches factory. The formats are in device_formats.cc.
+#include "kv/cuda/device_caches.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kv/byte_io.h"
+#include "kv/cuda/device_formats.h"
+#include "kv/turboquant_kv_cache.h"
+
+namespace turbokv::cuda {
+namespace {
+
+int64_t blocks_for(int64_t tokens) { return (tokens + kBlockTokens - 1) / kBlockTokens; }
+
+// A device copy of host data in the context's scratch, valid until the next scratch use.
+template <typename T>
+T* scratch_copy(DeviceCacheContext& context, const T* host, size_t count, size_t offset_bytes,
+                void* base) {
+  T* dst = reinterpret_cast<T*>(static_cast<uint8_t*>(base) + offset_bytes);
+  TURBOKV_CUDA_CHECK(
+      cudaMemcpyAsync(dst, host, count * sizeof(T), cudaMemcpyHostToDevice, context.stream()));
+  return dst;
+}
+
+size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+
+}  // namespace
+
+// ----------------------------------------------------------------------------- context
+
+DeviceCacheContext::DeviceCacheContext(size_t pool_bytes, cudaStream_t stream)
+    : pool_(pool_bytes), stream_(stream) {}
+
+DeviceCacheContext::~DeviceCacheContext() {
+  if (scratch_ != nullptr) cudaFree(scratch_);
+}
+
+void* DeviceCacheContext::scratch(size_t bytes) {
+  if (bytes > scratch_bytes_) {
+    if (scratch_ != nullptr) {
+      TURBOKV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      TURBOKV_CUDA_CHECK(cudaFree(scratch_));
+      scratch_ = nullptr;
+    }
+    TURBOKV_CUDA_CHECK(cudaMalloc(&scratch_, bytes));
+    scratch_bytes_ = bytes;
+  }
+  return scratch_;
+}
+
+std::shared_ptr<const DeviceFormat> DeviceCacheContext::format(const LayerCachePlan& plan,
+                                                               DenseElem dense_elem, bool fused) {
+  const std::string key = format_key(plan, dense_elem, fused);
+  for (const auto& [k, f] : formats_) {
+    if (k == key) return f;
+  }
+  std::shared_ptr<const DeviceFormat> f = make_device_format(plan, dense_elem, fused);
+  formats_.emplace_back(key, f);
+  return f;
+}
+
+// ----------------------------------------------------------------------------- cache
+
+DeviceKVCache::DeviceKVCache(DeviceCacheContext& context,
+                             std::shared_ptr<const DeviceFormat> format, int window,
+                             std::shared_ptr<const DeviceFormat> staged,
+                             int64_t quantized_kv_start)
+    : context_(context),
+      format_(std::move(format)),
+      window_(window),
+      staged_(std::move(staged)),
+      quantized_kv_start_(staged_ ? quantized_kv_start : 0) {
+  if (window_ < 0) throw InvalidArgument(str_cat("sliding window ", window_, " must be >= 0"));
+  if (staged_ && quantized_kv_start < 1) {
+    throw InvalidArgument(str_cat("quantized_kv_start ", quantized_kv_start, " must be >= 1"));
+  }
+}
+
+DeviceKVCache::~DeviceKVCache() {
+  release_all_blocks();
+  if (state_block_ != nullptr) context_.pool().release(state_block_, state_bytes_);
+}
+
+void DeviceKVCache::release_all_blocks() {
+  for (uint8_t* b : blocks_) {
+    if (b != nullptr) context_.pool().release(b, format_->block_bytes());
+  }
+  blocks_.clear();
+}
+
+void DeviceKVCache::convert_to_staged_format() {
+  std::unique_ptr<KVCache> host = to_host();  // the dense history, as f16/bf16/f32 values
+  const auto& dense = dynamic_cast<const DenseKVCache&>(*host);
+  std::vector<float> k, v;
+  dense.copy_tokens(0, dense.size(), &k, &v);
+  const int n = int(dense.size());
+  release_all_blocks();
+  size_ = 0;
+  format_ = std::move(staged_);
+  staged_.reset();
+  calibrated_ = false;
+  ++generation_;
+  append(k.data(), v.data(), n);  // calibrates on the whole history, as convert_from does
+}
+
+std::string DeviceKVCache::type_name() const {
+  return window_ > 0 ? "rotating" : format_->type_name();
+}
+
+size_t DeviceKVCache::nbytes() const {
+  const int64_t held = window_ > 0 ? std::min<int64_t>(size_, window_) : size_;
+  size_t state = 0;
+  for (const auto* orders : {&key_orders_, &value_orders_}) {
+    for (const auto& o : *orders) state += 2 * o.size();  // as the CPU cache counts them
+  }
+  return size_t(held) * format_->bytes_per_token() + state;
+}
+
+const uint8_t* DeviceKVCache::zero_block() const {
+  return context_.pool().zero_block(format_->block_bytes());
+}
+
+void DeviceKVCache::reserve_tokens(int n) {
+  if (n < 0) throw InvalidArgument(str_cat("reserve_tokens(", n, ")"));
+  const int64_t need = blocks_for(size_ + n);
+  while (int64_t(blocks_.size()) < need) {
+    blocks_.push_back(context_.pool().allocate(format_->block_bytes()));
+  }
+}
+
+void DeviceKVCache::release_blocks_before(int64_t first_needed) {
+  const int64_t first_block = first_needed / kBlockTokens;
+  for (int64_t i = 0; i < first_block && i < int64_t(blocks_.size()); ++i) {
+    if (blocks_[size_t(i)] != nullptr) {
+      context_.pool().release(blocks_[size_t(i)], format_->block_bytes());
+      blocks_[size_t(i)] = nullptr;
+    }
+  }
+}
+
+void DeviceKVCache::advance(int n) {
+  size_ += n;
+  // A future query at p >= size_ sees keys > p - W >= size_ - W.
+  if (window_ > 0) release_blocks_before(std::max<int64_t>(0, size_ - window_));
+  if (staged_ && size_ >= quantized_kv_start_) convert_to_staged_format();
+}
+
+void DeviceKVCache::set_orders(const std::vector<std::vector<int>>& key_orders,
+                               const std::vector<std::vector<int>>& value_orders) {
+  key_orders_ = key_orders;
+  value_orders_ = value_orders;
+  calibrated_ = true;
+  const int heads = kv_heads(), d = head_dim();
+  std::vector<int> host;  // [key orders][value orders], each [kv_heads, head_dim] when present
+  for (const auto* orders : {&key_orders_, &value_orders_}) {
+    for (const auto& o : *orders) {
+      if (int(o.size()) != d) throw FormatError("split channel order of the wrong length");
+      host.insert(host.end(), o.begin(), o.end());
+    }
+  }
+  state_ = TQSequenceState{};
+  if (host.empty()) return;
+  if (state_block_ == nullptr) {
+    state_bytes_ = align16(size_t(2) * heads * d * sizeof(int));
+    state_block_ = context_.pool().allocate(state_bytes_);
+  }
+  TURBOKV_CUDA_CHECK(cudaMemcpyAsync(state_block_, host.data(), host.size() * sizeof(int),
+                                     cudaMemcpyHostToDevice, context_.stream()));
+  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));  // host may go away
+  const int* p = reinterpret_cast<const int*>(state_block_);
+  if (!key_orders_.empty()) {
+    state_.key_order = p;
+    p += size_t(heads) * d;
+  }
+  if (!value_orders_.empty()) state_.value_order = p;
+}
+
+void DeviceKVCache::calibrate(const float* k, const float* v, int n) {
+  if (!needs_calibration() || n <= 0) return;
+  const size_t count = size_t(n) * kv_heads() * head_dim();
+  std::vector<float> hk(count), hv(count);
+  TURBOKV_CUDA_CHECK(cudaMemcpyAsync(hk.data(), k, count * sizeof(float), cudaMemcpyDeviceToHost,
+                                     context_.stream()));
+  TURBOKV_CUDA_CHECK(cudaMemcpyAsync(hv.data(), v, count * sizeof(float), cudaMemcpyDeviceToHost,
+                                     context_.stream()));
+  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+  // The CPU cache fixes its state from the same chunk with the same code; take its result.
+  std::unique_ptr<KVCache> host = format_->host_cache();
+  host->append(hk.data(), hv.data(), n);
+  const auto& tq = dynamic_cast<const TurboQuantKVCache&>(*host);
+  set_orders(tq.key_channel_orders(), tq.value_channel_orders());
+}
+
+void DeviceKVCache::trim(int64_t n) {
+  if (n < 0 || n > size_) {
+    throw InvalidArgument(str_cat("trim(", n, ") on a cache of ", size_, " tokens"));
+  }
+  if (window_ > 0 && n > 0) {
+    const int64_t first_held = blocks_.empty() ? 0 : [&] {
+      int64_t i = 0;
+      while (i < int64_t(blocks_.size()) && blocks_[size_t(i)] == nullptr) ++i;
+      return i * kBlockTokens;
+    }();
+    if (size_ - n - (window_ - 1) < first_held && first_held > 0) {
+      throw Unsupported(str_cat("trim(", n, "): the sliding-window cache no longer holds the ",
+                                "tokens the window would need after it"));
+    }
+  }
+  size_ -= n;
+  const int64_t keep = blocks_for(size_);
+  while (int64_t(blocks_.size()) > keep) {
+    if (blocks_.back() != nullptr) context_.pool().release(blocks_.back(), format_->block_bytes());
+    blocks_.pop_back();
+  }
+}
+
+void DeviceKVCache::append(const float* k, const float* v, int n_tokens) {
+  check_append(k, v, n_tokens);
+  if (n_tokens == 0) return;
+  const int heads = kv_heads(), d = head_dim();
+  const size_t count = size_t(n_tokens) * heads * d;
+  reserve_tokens(n_tokens);
+  // Scratch: [k][v][row_seq][row_pos][table][seq_len][state]
+  const size_t table_entries = blocks_.size();
+  const size_t off_v = align16(count * 4), off_seq = off_v + align16(count * 4);
+  const size_t off_pos = off_seq + align16(size_t(n_tokens) * 4);
+  const size_t off_table = off_pos + align16(size_t(n_tokens) * 4);
+  const size_t off_len = off_table + align16(table_entries * 8);
+  const size_t off_state = off_len + 16;
+  void* base = context_.scratch(off_state + align16(sizeof(TQSequenceState)));
+  std::vector<int> seq(static_cast<size_t>(n_tokens), 0);
+  std::vector<int> pos(static_cast<size_t>(n_tokens));
+  for (int i = 0; i < n_tokens; ++i) pos[size_t(i)] = int(size_ + i);
+  std::vector<uint8_t*> table(table_entries);
+  for (size_t i = 0; i < table_entries; ++i) {
+    table[i] = blocks_[i] != nullptr ? blocks_[i] : const_cast<uint8_t*>(zero_block());
+  }
+  const int len = int(size_ + n_tokens);
+  AppendRows rows;
+  rows.k = scratch_copy(context_, k, count, 0, base);
+  rows.v = scratch_copy(context_, v, count, off_v, base);
+  rows.row_seq = scratch_copy(context_, seq.data(), seq.size(), off_seq, base);
+  rows.row_pos = scratch_copy(context_, pos.data(), pos.size(), off_pos, base);
+  rows.rows = n_tokens;
+  PagedBatch batch;
+  batch.block_table = scratch_copy(context_, table.data(), table.size(), off_table, base);
+  batch.table_stride = int(table_entries);
+  batch.seq_len = scratch_copy(context_, &len, 1, off_len, base);
+  batch.batch = 1;
+  batch.max_len = len;
+  calibrate(rows.k, rows.v, n_tokens);
+  const TQSequenceState st = state_;
+  const TQSequenceState* states = scratch_copy(context_, &st, 1, off_state, base);
+  format_->append(batch, states, rows, context_.stream());
+  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+  advance(n_tokens);
+}
+
+void DeviceKVCache::attend(const float* q, int n_q, const AttentionParams& params,
+                           float* out) const {
+  check_attend(q, n_q, params, out);
+  if (window_ > 0 && params.sliding_window != 0 && params.sliding_window != window_) {
+    throw InvalidArgument(str_cat("attend: sliding window ", params.sliding_window,
+                                  " differs from the cache's ", window_));
+  }
+  const int d = head_dim();
+  const size_t count = size_t(n_q) * params.n_heads * d;
+  const size_t table_entries = std::max<size_t>(1, blocks_.size());
+  std::vector<uint8_t*> table(table_entries, const_cast<uint8_t*>(zero_block()));
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    if (blocks_[i] != nullptr) table[i] = blocks_[i];
+  }
+  const int len = int(size_);
+  const int q_start[2] = {0, n_q};
+  AttentionOptions o;
+  o.n_heads = params.n_heads;
+  o.scale = params.scale;
+  o.logit_softcap = params.logit_softcap;
+  o.sliding_window = window_ > 0 ? window_ : params.sliding_window;
+  PagedBatch batch;
+  batch.table_stride = int(table_entries);
+  batch.batch = 1;
+  batch.max_len = len;
+  QueryRows rows;
+  rows.max_n_q = n_q;
+  // Scratch: [q][out][table][seq_len][q_start][state][workspace]
+  const size_t off_out = align16(count * 4), off_table = off_out + align16(count * 4);
+  const size_t off_len = off_table + align16(table_entries * 8), off_qs = off_len + 16;
+  const size_t off_state = off_qs + 16, off_ws = off_state + align16(sizeof(TQSequenceState));
+  // Workspace size first (it depends only on shapes).
+  const size_t ws_bytes = format_->workspace_bytes(batch, rows, o);
+  void* base = context_.scratch(off_ws + ws_bytes);
+  rows.q = scratch_copy(context_, q, count, 0, base);
+  rows.out = reinterpret_cast<float*>(static_cast<uint8_t*>(base) + off_out);
+  batch.block_table = scratch_copy(context_, table.data(), table.size(), off_table, base);
+  batch.seq_len = scratch_copy(context_, &len, 1, off_len, base);
+  rows.q_start = scratch_copy(context_, q_start, 2, off_qs, base);
+  const TQSequenceState st = state_;
+  const TQSequenceState* states = scratch_copy(context_, &st, 1, off_state, base);
+  uint8_t* ws = static_cast<uint8_t*>(base) + off_ws;
+  if (format_->zeroed_workspace()) {
+    TURBOKV_CUDA_CHECK(cudaMemsetAsync(ws, 0, ws_bytes, context_.stream()));
+  }
+  format_->attend(batch, states, rows, o, n_q, ws, ws_bytes, context_.stream());
+  TURBOKV_CUDA_CHECK(cudaMemcpyAsync(out, rows.out, count * sizeof(float), cudaMemcpyDeviceToHost,
+                                     context_.stream()));
+  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+}
+
+std::unique_ptr<KVCache> DeviceKVCache::to_host() const {
+  if (window_ > 0) {
+    throw Unsupported("a sliding-window layer's GPU cache cannot be copied to the host yet");
+  }
+  const size_t bb = format_->block_bytes();
+  std::vector<uint8_t> host(blocks_.size() * bb);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    TURBOKV_CUDA_CHECK(cudaMemcpyAsync(host.data() + i * bb, blocks_[i], bb,
+                                       cudaMemcpyDeviceToHost, context_.stream()));
+  }
+  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+  return format_->to_host(host, size_, key_orders_, value_orders_);
+}
+
+void DeviceKVCache::save(ByteWriter& out) const {
+  if (quantized_kv_start_ > 0) {  // the CPU StagedKVCache's record
+    write_cache_header(out, "staged", kv_heads(), head_dim());
+    out.put<int64_t>(quantized_kv_start_);
+    out.put<uint8_t>(staged_ ? 0 : 1);
+  }
+  to_host()->save(out);
+}
+
+void DeviceKVCache::load(ByteReader& in) {
+  if (window_ > 0) {
+    throw Unsupported("a sliding-window layer's GPU cache cannot be loaded from a file yet");
+  }
+  if (quantized_kv_start_ > 0) {
+    read_cache_header(in, "staged", kv_heads(), head_dim());
+    expect_same("quantized_kv_start", in.get<int64_t>("quantized_kv_start"),
+                quantized_kv_start_);
+    const bool converted = in.get<uint8_t>("stage") != 0;
+    if (converted && staged_) {  // the file holds the quantized stage
+      release_all_blocks();
+      size_ = 0;
+      format_ = std::move(staged_);
+      staged_.reset();
+      ++generation_;
+    } else if (!converted && !staged_) {
+      throw Unsupported("loading a not yet converted staged cache into a converted GPU cache");
+    }
+  }
+  std::unique_ptr<KVCache> host = format_->host_cache();
+  host->load(in);
+  trim(size_);
+  const std::vector<uint8_t> blocks = format_->from_host(*host);
+  reserve_tokens(int(host->size()));
+  const size_t bb = format_->block_bytes();
+  for (size_t i = 0; i < blocks.size() / bb; ++i) {
+    TURBOKV_CUDA_CHECK(cudaMemcpyAsync(blocks_[i], blocks.data() + i * bb, bb,
+                                       cudaMemcpyHostToDevice, context_.stream()));
+  }
+  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+  if (format_->calibrates()) {
+    if (auto* tq = dynamic_cast<const TurboQuantKVCache*>(host.get()); tq && tq->calibrated()) {
+      set_orders(tq->key_channel_orders(), tq->value_channel_orders());
+    }
+  }
+  size_ = host->size();
+}
+
+// ----------------------------------------------------------------------------- factory
+
+LayerCaches make_device_layer_caches(DeviceCacheContext& context,
+                                     const std::vector<LayerCachePlan>& plan, DenseElem dense_elem,
+                                     bool fused) {
+  LayerCaches caches;
+  caches.reserve(plan.size());
+  for (const LayerCachePlan& p : plan) {
+    const bool staged = p.quantized_kv_start > 0 && (p.kind == LayerCacheKind::kTurboQuant ||
+                                                     p.kind == LayerCacheKind::kUniform);
+    if (staged) {
+      LayerCachePlan dense = p;
+      dense.kind = LayerCacheKind::kDense;
+      caches.push_back(std::make_unique<DeviceKVCache>(
+          context, context.format(dense, dense_elem, fused), 0,
+          context.format(p, dense_elem, fused), p.quantized_kv_start));
+      continue;
+    }
+    caches.push_back(std::make_unique<DeviceKVCache>(context, context.format(p, dense_elem, fused),
+                                                     p.kind == LayerCacheKind::kRotating
+                                                         ? p.window
+                                                         : 0));
+  }
+  return caches;
+}
+
+}  // namespace turbokv::cuda

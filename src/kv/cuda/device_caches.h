@@ -1,0 +1,168 @@
+// KV caches in GPU memory: the device counterparts of the CPU caches (kv/dense_kv_cache.h,
+// turboquant_kv_cache.h, uniform_kv_cache.h), built from the same plan
+// (kv/cache_policy.h: plan_layer_caches), holding byte-identical records in paged blocks
+// (kernels/cuda/kvcache/paged.h) from one DeviceBlockPool, and saved / loaded through the CPU
+// caches' file records (a cache saved on one device loads on the other).
+//
+// The CUDA model drives them in batches: per layer it groups the sequences whose caches share
+// a DeviceFormat, grows each cache for the step's tokens, and queues one append and one
+// attention call per group (device_batch.h). The KVCache interface's host-pointer append() and
+// attend() do the same for one sequence and synchronize (tests, tools).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/kvcache/paged.h"
+#include "kv/cache_policy.h"
+#include "kv/cuda/device_pool.h"
+#include "kv/kv_cache.h"
+
+namespace turbokv::cuda {
+
+class DeviceFormat;
+
+// What the device caches of one engine share: the block pool, the stream their work is queued
+// on, and the formats (one per configuration, created on first use).
+class DeviceCacheContext {
+ public:
+  DeviceCacheContext(size_t pool_bytes, cudaStream_t stream);
+  ~DeviceCacheContext();
+
+  DeviceBlockPool& pool() { return pool_; }
+  cudaStream_t stream() const { return stream_; }
+
+  // The shared format of a plan's layer (dense_elem for dense and rotating layers; fused: the
+  // fused kernels may serve it, false under logit soft-capping); throws Unsupported naming the
+  // configuration when the GPU cannot hold it.
+  std::shared_ptr<const DeviceFormat> format(const LayerCachePlan& plan, DenseElem dense_elem,
+                                             bool fused);
+
+  // Scratch for the host-pointer paths and conversions: a device buffer of at least `bytes`,
+  // reused (not thread-safe, like the rest).
+  void* scratch(size_t bytes);
+
+ private:
+  DeviceBlockPool pool_;
+  cudaStream_t stream_;
+  std::vector<std::pair<std::string, std::shared_ptr<const DeviceFormat>>> formats_;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+};
+
+// How one kind of block is written and read; shared by every cache of that configuration.
+class DeviceFormat {
+ public:
+  virtual ~DeviceFormat() = default;
+  virtual std::string type_name() const = 0;  // the CPU cache's: "dense-f16", "turboquant", ...
+  virtual int kv_heads() const = 0;
+  virtual int head_dim() const = 0;
+  virtual size_t block_bytes() const = 0;
+  // Exact bytes of state per token (every KV head, keys and values): what nbytes() counts.
+  virtual size_t bytes_per_token() const = 0;
+  // True when the cache fixes per-sequence state from its first chunk (split channel orders).
+  virtual bool calibrates() const { return false; }
+  // True when attend() needs an all-zero workspace (and leaves it so): the fused kernels.
+  virtual bool zeroed_workspace() const { return false; }
+
+  virtual void append(const PagedBatch& batch, const TQSequenceState* states,
+                      const AppendRows& rows, cudaStream_t stream) const = 0;
+  // Every sequence of `batch` has n_q queries (the forward calls decode and each prefill chunk
+  // separately); q_start is still given for the generic kernels.
+  virtual size_t workspace_bytes(const PagedBatch& batch, const QueryRows& q,
+                                 const AttentionOptions& o) const = 0;
+  virtual void attend(const PagedBatch& batch, const TQSequenceState* states, const QueryRows& q,
+                      const AttentionOptions& o, int n_q, void* workspace, size_t workspace_bytes,
+                      cudaStream_t stream) const = 0;
+
+  // Host conversions (save/load, tests): the blocks of one sequence, downloaded
+  // ([n_blocks][block_bytes]), to a CPU cache of `tokens` tokens of the same configuration,
+  // and back. orders: the split channel orders ([kv_heads][head_dim] keys, then values) or
+  // empty.
+  virtual std::unique_ptr<KVCache> to_host(const std::vector<uint8_t>& blocks, int64_t tokens,
+                                           const std::vector<std::vector<int>>& key_orders,
+                                           const std::vector<std::vector<int>>& value_orders)
+      const = 0;
+  // An empty CPU cache of this configuration (what load() reads a record into).
+  virtual std::unique_ptr<KVCache> host_cache() const = 0;
+  // The blocks ([n_blocks][block_bytes], n_blocks = ceil(tokens / 256)) of a CPU cache.
+  virtual std::vector<uint8_t> from_host(const KVCache& cache) const = 0;
+};
+
+// One sequence's cache of one layer.
+class DeviceKVCache : public KVCache {
+ public:
+  // window > 0: a rotating cache (blocks wholly before the window are released).
+  // staged (quantized_kv_start): the cache holds `format` (dense) until it has
+  // quantized_kv_start tokens, then converts its whole history to `staged` in one step, as
+  // kv/staged_kv_cache.h does on the CPU.
+  DeviceKVCache(DeviceCacheContext& context, std::shared_ptr<const DeviceFormat> format,
+                int window = 0, std::shared_ptr<const DeviceFormat> staged = nullptr,
+                int64_t quantized_kv_start = 0);
+  ~DeviceKVCache() override;
+
+  std::string type_name() const override;
+  int kv_heads() const override { return format_->kv_heads(); }
+  int head_dim() const override { return format_->head_dim(); }
+  int64_t size() const override { return size_; }
+  void append(const float* k, const float* v, int n_tokens) override;
+  void trim(int64_t n) override;
+  size_t nbytes() const override;
+  void attend(const float* q, int n_q, const AttentionParams& params, float* out) const override;
+  void save(ByteWriter& out) const override;
+  void load(ByteReader& in) override;
+
+  // The CUDA model's path.
+  const DeviceFormat& format() const { return *format_; }
+  int window() const { return window_; }
+  // Makes room for n more tokens: allocates blocks. Throws PoolExhausted.
+  void reserve_tokens(int n);
+  // Before the first append of a calibrating format: fixes the split channel orders from the
+  // chunk's rows (device pointers [n, kv_heads, head_dim], downloaded and ranked by the CPU's
+  // choose_split_channels). A no-op once calibrated.
+  void calibrate(const float* k, const float* v, int n);
+  bool needs_calibration() const { return format_->calibrates() && !calibrated_; }
+  // After the append kernels of n tokens are queued. A staged cache that reaches its
+  // quantized_kv_start converts here (synchronously); generation() then changes.
+  void advance(int n);
+  int64_t generation() const { return generation_; }
+  // Blocks of tokens [0, size + reserved): entries before first_block() are released (rotating)
+  // and read as the zero block.
+  const std::vector<uint8_t*>& blocks() const { return blocks_; }
+  const uint8_t* zero_block() const;
+  TQSequenceState state() const { return state_; }
+
+  // Costly: the cache's contents as a CPU cache (a download).
+  std::unique_ptr<KVCache> to_host() const;
+
+ private:
+  void release_blocks_before(int64_t first_needed);
+  void release_all_blocks();
+  void convert_to_staged_format();
+  void set_orders(const std::vector<std::vector<int>>& key_orders,
+                  const std::vector<std::vector<int>>& value_orders);
+
+  DeviceCacheContext& context_;
+  std::shared_ptr<const DeviceFormat> format_;
+  int window_;
+  std::shared_ptr<const DeviceFormat> staged_;  // until converted
+  int64_t quantized_kv_start_ = 0;              // > 0: a staged cache
+  int64_t generation_ = 0;
+  int64_t size_ = 0;
+  std::vector<uint8_t*> blocks_;  // nullptr: released (rotating) — reads go to the zero block
+  bool calibrated_ = false;
+  std::vector<std::vector<int>> key_orders_, value_orders_;  // split codecs, once calibrated
+  uint8_t* state_block_ = nullptr;  // device copy of the orders (a pool block)
+  size_t state_bytes_ = 0;
+  TQSequenceState state_;
+};
+
+// The device caches of a plan (make_layer_caches's counterpart).
+LayerCaches make_device_layer_caches(DeviceCacheContext& context,
+                                     const std::vector<LayerCachePlan>& plan, DenseElem dense_elem,
+                                     bool fused);
+
+}  // namespace turbokv::cuda
