@@ -129,6 +129,8 @@ class DeviceKVCache : public KVCache {
   // quantized_kv_start converts here (synchronously); generation() then changes.
   void advance(int n);
   int64_t generation() const { return generation_; }
+  // True when appending n more tokens makes a staged cache convert.
+  bool converts_after(int n) const { return staged_ && size_ + n >= quantized_kv_start_; }
   // Blocks of tokens [0, size + reserved): entries before first_block() are released (rotating)
   // and read as the zero block.
   const std::vector<uint8_t*>& blocks() const { return blocks_; }

@@ -2,8 +2,10 @@
 #include "model/cuda/cuda_decoder.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <utility>
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
@@ -41,6 +43,12 @@ struct DeviceMatrix {
 DeviceMatrix upload_rows(std::initializer_list<const WeightMatrix*> parts, size_t* total) {
   DeviceMatrix m;
   const WeightMatrix& first = **parts.begin();
+  for (const WeightMatrix* p : parts) {
+    if (p->format != WeightFormat::kDense) {
+      throw Unsupported("--device cuda: quantized weights (GGUF, MLX) have no GPU path yet; use "
+                        "--device cpu");
+    }
+  }
   m.elem = elem_of(first.dtype);
   m.cols = first.cols;
   for (const WeightMatrix* p : parts) {
@@ -157,21 +165,113 @@ class Staging {
 
 // A device scratch buffer that only grows; zeroed ones stay all-zero between calls (the fused
 // attention kernels leave their workspace so).
+// A reallocation bumps *generation (captured graphs hold the old address).
 class Workspace {
  public:
-  Workspace(bool zeroed) : zeroed_(zeroed) {}
+  Workspace(bool zeroed, int64_t* generation) : zeroed_(zeroed), generation_(generation) {}
   void* get(size_t bytes, cudaStream_t stream) {
     if (bytes > buffer_.size()) {
       TURBOKV_CUDA_CHECK(cudaStreamSynchronize(stream));
       buffer_ = DeviceBuffer<uint8_t>(std::max(bytes, 2 * buffer_.size()));
       if (zeroed_) buffer_.zero();
+      ++*generation_;
     }
     return buffer_.data();
   }
 
  private:
   bool zeroed_;
+  int64_t* generation_;
   DeviceBuffer<uint8_t> buffer_;
+};
+
+// Page-locked host memory (the targets of copies a CUDA graph holds).
+template <typename T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t n) : n_(n) {
+    if (n > 0) TURBOKV_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&p_), n * sizeof(T), 0));
+  }
+  ~PinnedBuffer() {
+    if (p_ != nullptr) cudaFreeHost(p_);
+  }
+  PinnedBuffer(PinnedBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(o.n_) {}
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  T* data() { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+
+// The host data a step's kernels read (tokens, positions, block tables, lengths, ...), laid out
+// in 16-byte aligned sections and uploaded in one copy: offsets are the same on the device.
+class Blob {
+ public:
+  template <typename T>
+  size_t add(const T* data, size_t count) {
+    const size_t at = align16(bytes_.size());
+    bytes_.resize(at + count * sizeof(T));
+    if (count > 0) std::memcpy(bytes_.data() + at, data, count * sizeof(T));
+    return at;
+  }
+  const std::vector<uint8_t>& bytes() const { return bytes_; }
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+
+// One step's bookkeeping: the slices in execution order and where their rows are.
+struct StepSlice {
+  ChunkSlice slice;
+  int64_t row = 0;    // first row of the slice in the step's buffers
+  int64_t first = 0;  // position of its first token
+};
+
+// One attention call: sub consecutive sequences (from index i of the run) with n_q queries.
+struct AttentionCall {
+  int i = 0, sub = 0, n_q = 0, max_len = 0;
+  size_t q_start = 0;  // blob offset of [sub + 1] query row starts
+  size_t workspace_bytes = 0;
+};
+
+// One run of consecutive slices whose caches share a layer's format: one append, and its
+// attention calls. Offsets are into the step's blob.
+struct RunPlan {
+  size_t r0 = 0, r1 = 0;
+  const DeviceFormat* format = nullptr;
+  int stride = 0, max_len = 0, rows = 0;
+  size_t table = 0, lens = 0, states = 0, row_seq = 0, row_pos = 0;
+  std::vector<AttentionCall> calls;
+};
+
+// A decode step planned whole before any kernel runs (graph steps).
+struct StepPlan {
+  Blob blob;
+  size_t tokens = 0, positions = 0, logit_rows = 0;
+  int64_t n_logits = 0;
+  std::vector<std::vector<RunPlan>> layers;
+  std::string signature;  // equal signatures: the same kernels with the same arguments
+};
+
+// A captured decode step: its graph, the page-locked copy of the step's blob it uploads, and
+// the page-locked logits it writes.
+struct StepGraph {
+  cudaGraphExec_t exec = nullptr;
+  PinnedBuffer<uint8_t> blob;
+  DeviceBuffer<uint8_t> device_blob;
+  PinnedBuffer<float> logits;
+  ~StepGraph() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+  }
 };
 
 struct Rope {
@@ -203,13 +303,44 @@ struct CudaDecoderModel::Impl {
   DeviceBuffer<uint8_t> expert_narrow;
   DeviceBuffer<int32_t> expert_ids, expert_rows;
   DeviceBuffer<float> expert_weights;
-  std::vector<float> host_logits;  // pinned would be faster; [kLogitRows, vocab]
-  mutable Staging staging;
-  mutable Workspace zeroed_ws{true}, plain_ws{false};
+  PinnedBuffer<float> host_logits;  // [kLogitRows, vocab]
+  Staging staging;
+  int64_t workspace_generation = 0;
+  Workspace zeroed_ws{true, &workspace_generation}, plain_ws{false, &workspace_generation};
+  // Decode steps by signature: run eagerly the first time (it loads every kernel the step
+  // uses), captured the second, replayed after.
+  std::map<std::string, std::unique_ptr<StepGraph>> graphs;
+  int64_t graphs_workspace_generation = 0;  // the workspaces the graphs were captured with
+  static constexpr size_t kMaxGraphs = 256;
+  bool graphs_enabled = true;
 
   ~Impl() {
+    graphs.clear();
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
+
+  void step(const ModelConfig& c, const DecoderModel& host, std::vector<StepSlice>& order);
+  void run_eager(const ModelConfig& c, const DecoderModel& host,
+                 const std::vector<StepSlice>& order, int64_t T,
+                 const std::vector<int32_t>& tokens, const std::vector<int32_t>& positions,
+                 const std::vector<int32_t>& rows, const std::vector<float*>& destinations);
+  // Graphs are for decode steps whose kernels need no host decision mid-step.
+  bool graph_eligible(const ModelConfig& c, const std::vector<StepSlice>& order) const;
+  void run_layers(const ModelConfig& c, const DecoderModel& host,
+                  const std::vector<StepSlice>& order, int64_t T, const int32_t* d_tokens,
+                  const int32_t* d_positions, const StepPlan* plan, const uint8_t* plan_base);
+  std::vector<RunPlan> plan_runs(const ModelConfig& c, int layer,
+                                 const std::vector<StepSlice>& order, Blob& blob,
+                                 bool graph) const;
+  void enqueue_appends(const std::vector<StepSlice>& order, const std::vector<RunPlan>& runs,
+                       const uint8_t* base);
+  void enqueue_attention(const std::vector<StepSlice>& order, const std::vector<RunPlan>& runs,
+                         const uint8_t* base, const AttentionOptions& o);
+  // Logits of n <= kLogitRows rows of x (d_rows: their indices) into host_out [n, vocab]
+  // (page-locked), queued.
+  void enqueue_logits(const ModelConfig& c, const int32_t* d_rows, int64_t n, float* host_out);
+
+  int heads = 0, kv_heads = 0, head_dim = 0;
 };
 
 CudaDecoderModel::CudaDecoderModel(std::unique_ptr<DecoderModel> host,
@@ -220,14 +351,18 @@ CudaDecoderModel::CudaDecoderModel(std::unique_ptr<DecoderModel> host,
   }
   const ModelConfig& c = host_->config();
   Impl& m = *impl_;
+  // TURBOKV_CUDA_GRAPHS=0: every step eager (debugging, and the benchmark's comparison).
+  const char* graphs_env = std::getenv("TURBOKV_CUDA_GRAPHS");
+  m.graphs_enabled = graphs_env == nullptr || std::string(graphs_env) != "0";
+  m.heads = c.num_heads;
+  m.kv_heads = c.num_kv_heads;
+  m.head_dim = c.head_dim;
   TURBOKV_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
   m.gemm = std::make_unique<Gemm>(m.stream);
 
   // Weights: check they fit before the first allocation.
   size_t need = 0;
-  auto matrix_bytes = [](const WeightMatrix& w) {
-    return size_t(w.rows) * size_t(w.cols) * (w.dtype == DType::F32 ? 4 : 2);
-  };
+  auto matrix_bytes = [](const WeightMatrix& w) { return size_t(w.total_bytes()); };
   need += matrix_bytes(host_->embedding());
   if (!c.tie_word_embeddings) need += matrix_bytes(host_->lm_head());
   for (const LayerWeights& L : host_->layers()) {
@@ -320,7 +455,7 @@ CudaDecoderModel::CudaDecoderModel(std::unique_ptr<DecoderModel> host,
   m.mlp_out = DeviceBuffer<float>(size_t(T * H));
   m.narrow = DeviceBuffer<uint8_t>(size_t(T * widest) * 4);
   m.logits = DeviceBuffer<float>(size_t(kLogitRows) * c.vocab_size);
-  m.host_logits.resize(size_t(kLogitRows) * c.vocab_size);
+  m.host_logits = PinnedBuffer<float>(size_t(kLogitRows) * c.vocab_size);
   if (c.num_experts > 0) {
     const int64_t routed = T * c.num_experts_per_token;
     m.router_logits = DeviceBuffer<float>(size_t(T * c.num_experts));
@@ -360,14 +495,8 @@ LayerCaches CudaDecoderModel::make_caches(const ResolvedKV& kv, DenseElem dense_
                                   fused);
 }
 
-namespace {
 
-// One step's bookkeeping: the slices in execution order and where their rows are.
-struct StepSlice {
-  ChunkSlice slice;
-  int64_t row = 0;    // first row of the slice in the step's buffers
-  int64_t first = 0;  // position of its first token
-};
+namespace {
 
 DeviceKVCache& device_cache(const Model::Chunk& chunk, int layer) {
   auto* cache = dynamic_cast<DeviceKVCache*>((*chunk.caches)[size_t(layer)].get());
@@ -378,7 +507,472 @@ DeviceKVCache& device_cache(const Model::Chunk& chunk, int layer) {
   return *cache;
 }
 
+// Block tables of graph steps are padded to a few sizes per octave, so one graph serves a
+// sequence while it grows by up to a quarter.
+int bucket_blocks(size_t blocks) {
+  size_t b = 1;
+  while (b * 8 < blocks) b *= 2;  // b: blocks / 8 rounded down to a power of two, at least 1
+  return int((blocks + b - 1) / b * b);
+}
+
+template <typename T>
+const T* at(const uint8_t* base, size_t offset) {
+  return reinterpret_cast<const T*>(base + offset);
+}
+
 }  // namespace
+
+std::vector<RunPlan> CudaDecoderModel::Impl::plan_runs(const ModelConfig& c, int l,
+                                                        const std::vector<StepSlice>& order,
+                                                        Blob& blob, bool graph) const {
+  AttentionOptions ao;
+  ao.n_heads = c.num_heads;
+  ao.scale = c.attention_scale;
+  ao.logit_softcap = c.attn_logit_softcap;
+  ao.sliding_window = c.sliding_window[size_t(l)];
+  std::vector<RunPlan> runs;
+  for (size_t r0 = 0; r0 < order.size();) {
+    const DeviceFormat* f = &device_cache(*order[r0].slice.chunk, l).format();
+    size_t r1 = r0 + 1;
+    while (r1 < order.size() && &device_cache(*order[r1].slice.chunk, l).format() == f) ++r1;
+    RunPlan run;
+    run.r0 = r0;
+    run.r1 = r1;
+    run.format = f;
+    const int n = int(r1 - r0);
+    size_t blocks = 1;
+    for (size_t i = r0; i < r1; ++i) {
+      blocks = std::max(blocks, device_cache(*order[i].slice.chunk, l).blocks().size());
+    }
+    run.stride = graph ? bucket_blocks(blocks) : int(blocks);
+    std::vector<const uint8_t*> table(size_t(n) * size_t(run.stride));
+    std::vector<int> lens(static_cast<size_t>(n));
+    std::vector<TQSequenceState> states(static_cast<size_t>(n));
+    std::vector<int> row_seq, row_pos;
+    for (int i = 0; i < n; ++i) {
+      const StepSlice& o = order[r0 + size_t(i)];
+      const DeviceKVCache& cache = device_cache(*o.slice.chunk, l);
+      for (size_t b = 0; b < size_t(run.stride); ++b) {
+        const uint8_t* block = b < cache.blocks().size() ? cache.blocks()[b] : nullptr;
+        table[size_t(i) * run.stride + b] = block != nullptr ? block : cache.zero_block();
+      }
+      lens[size_t(i)] = int(o.first + o.slice.count);
+      states[size_t(i)] = cache.state();
+      for (int t = 0; t < o.slice.count; ++t) {
+        row_seq.push_back(i);
+        row_pos.push_back(int(o.first + t));
+      }
+    }
+    // Graph steps size their split grids for the padded table (blocks past a sequence's
+    // length return at once), so the grid does not change while the sequence grows.
+    run.max_len = graph ? run.stride * kBlockTokens : *std::max_element(lens.begin(), lens.end());
+    run.rows = int(row_seq.size());
+    run.table = blob.add(table.data(), table.size());
+    run.lens = blob.add(lens.data(), lens.size());
+    run.states = blob.add(states.data(), states.size());
+    run.row_seq = blob.add(row_seq.data(), row_seq.size());
+    run.row_pos = blob.add(row_pos.data(), row_pos.size());
+    // Attention: the run's single-token slices in one call, every longer slice alone.
+    for (int i = 0; i < n;) {
+      int j = i + 1;
+      if (order[r0 + size_t(i)].slice.count == 1) {
+        while (j < n && order[r0 + size_t(j)].slice.count == 1) ++j;
+      }
+      AttentionCall call;
+      call.i = i;
+      call.sub = j - i;
+      call.n_q = order[r0 + size_t(i)].slice.count;
+      call.max_len = graph ? run.max_len : *std::max_element(lens.begin() + i, lens.begin() + j);
+      std::vector<int> starts(static_cast<size_t>(call.sub) + 1);
+      for (int b = 0; b <= call.sub; ++b) starts[size_t(b)] = b * call.n_q;
+      call.q_start = blob.add(starts.data(), starts.size());
+      PagedBatch shape;
+      shape.table_stride = run.stride;
+      shape.batch = call.sub;
+      shape.max_len = call.max_len;
+      QueryRows q;
+      q.max_n_q = call.n_q;
+      call.workspace_bytes = f->workspace_bytes(shape, q, ao);
+      run.calls.push_back(call);
+      i = j;
+    }
+    runs.push_back(std::move(run));
+    r0 = r1;
+  }
+  return runs;
+}
+
+void CudaDecoderModel::Impl::enqueue_appends(const std::vector<StepSlice>& order,
+                                             const std::vector<RunPlan>& runs,
+                                             const uint8_t* base) {
+  const int64_t kv_dim = int64_t(kv_heads) * head_dim;
+  for (const RunPlan& run : runs) {
+    PagedBatch batch;
+    batch.block_table = at<const uint8_t*>(base, run.table);
+    batch.table_stride = run.stride;
+    batch.seq_len = at<int>(base, run.lens);
+    batch.batch = int(run.r1 - run.r0);
+    batch.max_len = run.max_len;
+    AppendRows rows;
+    const int64_t row = order[run.r0].row;
+    rows.k = k.data() + row * kv_dim;
+    rows.v = v.data() + row * kv_dim;
+    rows.row_seq = at<int>(base, run.row_seq);
+    rows.row_pos = at<int>(base, run.row_pos);
+    rows.rows = run.rows;
+    run.format->append(batch, at<TQSequenceState>(base, run.states), rows, stream);
+  }
+}
+
+void CudaDecoderModel::Impl::enqueue_attention(const std::vector<StepSlice>& order,
+                                               const std::vector<RunPlan>& runs,
+                                               const uint8_t* base, const AttentionOptions& o) {
+  const int64_t q_dim = int64_t(heads) * head_dim;
+  for (const RunPlan& run : runs) {
+    for (const AttentionCall& call : run.calls) {
+      PagedBatch batch;
+      batch.block_table = at<const uint8_t*>(base, run.table) + size_t(call.i) * run.stride;
+      batch.table_stride = run.stride;
+      batch.seq_len = at<int>(base, run.lens) + call.i;
+      batch.batch = call.sub;
+      batch.max_len = call.max_len;
+      QueryRows qr;
+      const int64_t row = order[run.r0 + size_t(call.i)].row;
+      qr.q = q.data() + row * q_dim;
+      qr.out = attn.data() + row * q_dim;
+      qr.q_start = at<int>(base, call.q_start);
+      qr.max_n_q = call.n_q;
+      void* ws = (run.format->zeroed_workspace() ? zeroed_ws : plain_ws)
+                     .get(call.workspace_bytes, stream);
+      run.format->attend(batch, at<TQSequenceState>(base, run.states) + call.i, qr, o, call.n_q,
+                         ws, call.workspace_bytes, stream);
+    }
+  }
+}
+
+void CudaDecoderModel::Impl::enqueue_logits(const ModelConfig& c, const int32_t* d_rows,
+                                            int64_t n, float* host_out) {
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  gather_rows(x.data(), H, d_rows, n, norm32.data(), stream);
+  rms_norm(norm32.data(), n, H, final_norm.data(), float(c.rms_norm_eps), narrow.data(),
+           lm_head->elem, stream);
+  gemm->run(narrow.data(), lm_head->ptr(), lm_head->elem, n, V, H, logits.data(), V);
+  if (c.final_logit_softcap > 0) softcap(logits.data(), n * V, c.final_logit_softcap, stream);
+  TURBOKV_CUDA_CHECK(cudaMemcpyAsync(host_out, logits.data(), size_t(n * V) * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream));
+}
+
+void CudaDecoderModel::Impl::run_layers(const ModelConfig& c, const DecoderModel& host,
+                                        const std::vector<StepSlice>& order, int64_t T,
+                                        const int32_t* d_tokens, const int32_t* d_positions,
+                                        const StepPlan* plan, const uint8_t* plan_base) {
+  const int64_t H = c.hidden_size, hd = c.head_dim;
+  const int64_t q_dim = int64_t(c.num_heads) * hd, kv_dim = int64_t(c.num_kv_heads) * hd;
+  const float eps = float(c.rms_norm_eps);
+  cudaStream_t s = stream;
+  embed_rows(embed.ptr(), embed.elem, H, d_tokens, T, host.embedding_scale(), x.data(), s);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const DeviceLayer& L = layers[size_t(l)];
+    // Attention block.
+    rms_norm(x.data(), T, H, L.input_norm.data(), eps, narrow.data(), L.qkv.elem, s);
+    gemm->run(narrow.data(), L.qkv.ptr(), L.qkv.elem, T, q_dim + 2 * kv_dim, H, qkv.data(),
+              q_dim + 2 * kv_dim);
+    const int window = c.sliding_window[size_t(l)];
+    const Rope& rope = window > 0 && has_local ? rope_local : rope_global;
+    QkvPostProblem qp;
+    qp.qkv = qkv.data();
+    qp.bias = or_null(L.qkv_bias);
+    qp.q_norm = or_null(L.q_norm);
+    qp.k_norm = or_null(L.k_norm);
+    qp.norm_eps = eps;
+    qp.positions = d_positions;
+    qp.inv_freq = rope.inv_freq.data();
+    qp.rotary_dim = rope.rotary_dim;
+    qp.attention_scaling = rope.attention_scaling;
+    qp.tokens = T;
+    qp.heads = c.num_heads;
+    qp.kv_heads = c.num_kv_heads;
+    qp.head_dim = int(hd);
+    qp.q = q.data();
+    qp.k = k.data();
+    qp.v = v.data();
+    qkv_post(qp, s);
+
+    AttentionOptions ao;
+    ao.n_heads = c.num_heads;
+    ao.scale = c.attention_scale;
+    ao.logit_softcap = c.attn_logit_softcap;
+    ao.sliding_window = window;
+    if (plan != nullptr) {  // planned whole (graph steps): no host decision in between
+      enqueue_appends(order, plan->layers[size_t(l)], plan_base);
+      enqueue_attention(order, plan->layers[size_t(l)], plan_base, ao);
+    } else {
+      // Split codecs fix their channel orders from the first chunk (a download).
+      for (const StepSlice& o : order) {
+        DeviceKVCache& cache = device_cache(*o.slice.chunk, l);
+        if (cache.needs_calibration()) {
+          cache.calibrate(k.data() + o.row * kv_dim, v.data() + o.row * kv_dim, o.slice.count);
+        }
+      }
+      Blob blob;
+      std::vector<RunPlan> runs = plan_runs(c, l, order, blob, false);
+      const uint8_t* base = staging.put(blob.bytes().data(), blob.bytes().size(), s);
+      enqueue_appends(order, runs, base);
+      bool converted = false;
+      for (const StepSlice& o : order) {
+        DeviceKVCache& cache = device_cache(*o.slice.chunk, l);
+        const int64_t generation = cache.generation();
+        cache.advance(o.slice.count);
+        converted |= cache.generation() != generation;
+      }
+      if (converted) {  // a staged cache switched formats: plan its attention anew
+        Blob after;
+        runs = plan_runs(c, l, order, after, false);
+        base = staging.put(after.bytes().data(), after.bytes().size(), s);
+      }
+      enqueue_attention(order, runs, base, ao);
+    }
+    const void* attn_in = attn.data();
+    if (L.o.elem != Elem::kF32) {
+      cast(attn.data(), T * q_dim, narrow.data(), L.o.elem, s);
+      attn_in = narrow.data();
+    }
+    gemm->run(attn_in, L.o.ptr(), L.o.elem, T, H, q_dim, out.data(), H);
+    residual_add(x.data(), out.data(), T, H, or_null(L.o_bias),
+                 c.sandwich_norms ? L.post_attention_norm.data() : nullptr, eps, s);
+
+    // Feed-forward block.
+    const float* ffn_norm =
+        c.sandwich_norms ? L.pre_feedforward_norm.data() : L.post_attention_norm.data();
+    const float* post_ffn = c.sandwich_norms ? L.post_feedforward_norm.data() : nullptr;
+    if (!L.moe) {
+      const DeviceMlp& mlp = L.mlp;
+      rms_norm(x.data(), T, H, ffn_norm, eps, narrow.data(), mlp.gate_up.elem, s);
+      gemm->run(narrow.data(), mlp.gate_up.ptr(), mlp.gate_up.elem, T, 2 * mlp.inter, H,
+                gate_up.data(), 2 * mlp.inter);
+      gated_activation(gate_up.data(), T, mlp.inter, or_null(mlp.gate_bias), or_null(mlp.up_bias),
+                       c.activation, narrow.data(), mlp.down.elem, s);
+      gemm->run(narrow.data(), mlp.down.ptr(), mlp.down.elem, T, H, mlp.inter, mlp_out.data(), H);
+      residual_add(x.data(), mlp_out.data(), T, H, or_null(mlp.down_bias), post_ffn, eps, s);
+      continue;
+    }
+    // Mixture of experts: route on the GPU, then one GEMM chain per expert over its tokens
+    // (the token lists come back to the host: the GEMM shapes depend on them).
+    rms_norm(x.data(), T, H, ffn_norm, eps, norm32.data(), Elem::kF32, s);
+    const void* router_in = norm32.data();
+    if (L.router.elem != Elem::kF32) {
+      cast(norm32.data(), T * H, narrow.data(), L.router.elem, s);
+      router_in = narrow.data();
+    }
+    const int E = int(L.experts.size());
+    gemm->run(router_in, L.router.ptr(), L.router.elem, T, E, H, router_logits.data(), E);
+    moe_route(router_logits.data(), T, E, L.top_k, L.norm_topk, expert_ids.data(),
+              expert_weights.data(), s);
+    std::vector<int32_t> ids(size_t(T * L.top_k));
+    std::vector<float> weights(ids.size());
+    TURBOKV_CUDA_CHECK(cudaMemcpyAsync(ids.data(), expert_ids.data(), ids.size() * 4,
+                                       cudaMemcpyDeviceToHost, s));
+    TURBOKV_CUDA_CHECK(cudaMemcpyAsync(weights.data(), expert_weights.data(), weights.size() * 4,
+                                       cudaMemcpyDeviceToHost, s));
+    TURBOKV_CUDA_CHECK(cudaStreamSynchronize(s));
+    // Per expert, its tokens and their weights, laid out expert after expert.
+    std::vector<int32_t> rows_of;
+    std::vector<float> weight_of;
+    std::vector<std::pair<int64_t, int64_t>> range(static_cast<size_t>(E), {0, 0});
+    for (int e = 0; e < E; ++e) {
+      range[size_t(e)].first = int64_t(rows_of.size());
+      for (int64_t t = 0; t < T; ++t) {
+        for (int j = 0; j < L.top_k; ++j) {
+          if (ids[size_t(t * L.top_k + j)] == e) {
+            rows_of.push_back(int32_t(t));
+            weight_of.push_back(weights[size_t(t * L.top_k + j)]);
+          }
+        }
+      }
+      range[size_t(e)].second = int64_t(rows_of.size()) - range[size_t(e)].first;
+    }
+    const int32_t* d_rows = staging.put(rows_of.data(), rows_of.size(), s);
+    const float* d_weights = staging.put(weight_of.data(), weight_of.size(), s);
+    TURBOKV_CUDA_CHECK(cudaMemsetAsync(moe_out.data(), 0, size_t(T * H) * 4, s));
+    for (int e = 0; e < E; ++e) {
+      const auto [begin, count] = range[size_t(e)];
+      if (count == 0) continue;
+      const DeviceMlp& xm = L.experts[size_t(e)];
+      if (xm.down_bias.size() > 0) {
+        throw Unsupported("--device cuda: MoE experts with a down_proj bias");
+      }
+      gather_rows(norm32.data(), H, d_rows + begin, count, expert_x.data(), s);
+      cast(expert_x.data(), count * H, expert_narrow.data(), xm.gate_up.elem, s);
+      gemm->run(expert_narrow.data(), xm.gate_up.ptr(), xm.gate_up.elem, count, 2 * xm.inter, H,
+                expert_gate_up.data(), 2 * xm.inter);
+      gated_activation(expert_gate_up.data(), count, xm.inter, or_null(xm.gate_bias),
+                       or_null(xm.up_bias), c.activation, expert_narrow.data(), xm.down.elem, s);
+      gemm->run(expert_narrow.data(), xm.down.ptr(), xm.down.elem, count, H, xm.inter,
+                expert_out.data(), H);
+      scatter_add_weighted(moe_out.data(), expert_out.data(), d_rows + begin, d_weights + begin,
+                           count, H, s);
+    }
+    residual_add(x.data(), moe_out.data(), T, H, nullptr, post_ffn, eps, s);
+  }
+}
+
+bool CudaDecoderModel::Impl::graph_eligible(const ModelConfig& c,
+                                            const std::vector<StepSlice>& order) const {
+  if (!graphs_enabled || c.num_experts > 0 || rope_global.dynamic ||
+      (has_local && rope_local.dynamic)) {
+    return false;
+  }
+  for (const StepSlice& o : order) {
+    if (o.slice.count != 1) return false;
+    const Model::Chunk& chunk = *o.slice.chunk;
+    if (chunk.logits == nullptr) return false;
+    for (int l = 0; l < c.num_layers; ++l) {
+      const DeviceKVCache& cache = device_cache(chunk, l);
+      if (cache.needs_calibration() || cache.converts_after(1)) return false;
+    }
+  }
+  return true;
+}
+
+void CudaDecoderModel::Impl::step(const ModelConfig& c, const DecoderModel& host,
+                                  std::vector<StepSlice>& order) {
+  cudaStream_t s = stream;
+  int64_t T = 0;
+  std::vector<int32_t> tokens, positions;
+  for (StepSlice& o : order) {
+    o.row = T;
+    T += o.slice.count;
+    for (int i = 0; i < o.slice.count; ++i) {
+      tokens.push_back(o.slice.chunk->tokens[o.slice.begin + i]);
+      positions.push_back(int32_t(o.first + i));
+    }
+  }
+  if (T > max_tokens) throw Error("CUDA forward: a step larger than its buffers");
+  int64_t seq_len = 0;
+  for (int32_t p : positions) seq_len = std::max<int64_t>(seq_len, p + 1);
+  for (Rope* r : {&rope_global, &rope_local}) {
+    if (r->dynamic && r->uploaded_for != seq_len) {
+      const RopeTable t = make_rope_table(r->config, c.head_dim, seq_len);
+      TURBOKV_CUDA_CHECK(cudaMemcpyAsync(r->inv_freq.data(), t.inv_freq.data(),
+                                         t.inv_freq.size() * sizeof(float),
+                                         cudaMemcpyHostToDevice, s));
+      TURBOKV_CUDA_CHECK(cudaStreamSynchronize(s));  // the host table goes out of scope
+      r->attention_scaling = t.attention_scaling;
+      r->uploaded_for = seq_len;
+    }
+  }
+  // The rows that need logits and where each goes (as DecoderModel::write_logits).
+  std::vector<int32_t> rows;
+  std::vector<float*> destinations;
+  for (const StepSlice& o : order) {
+    const Model::Chunk& chunk = *o.slice.chunk;
+    if (chunk.logits != nullptr && chunk.all_logits) {
+      for (int i = 0; i < o.slice.count; ++i) {
+        rows.push_back(int32_t(o.row + i));
+        destinations.push_back(chunk.logits + int64_t(o.slice.begin + i) * c.vocab_size);
+      }
+    } else if (chunk.logits != nullptr && o.slice.begin + o.slice.count == chunk.n_tokens) {
+      rows.push_back(int32_t(o.row + o.slice.count - 1));
+      destinations.push_back(chunk.logits);
+    }
+  }
+  const int64_t V = c.vocab_size;
+
+  if (graph_eligible(c, order)) {
+    // The whole step planned first, then captured once per signature and replayed.
+    StepPlan plan;
+    plan.tokens = plan.blob.add(tokens.data(), tokens.size());
+    plan.positions = plan.blob.add(positions.data(), positions.size());
+    plan.logit_rows = plan.blob.add(rows.data(), rows.size());
+    plan.n_logits = int64_t(rows.size());
+    std::string& sig = plan.signature;
+    sig = str_cat("T", T, " logits", plan.n_logits);
+    for (int l = 0; l < c.num_layers; ++l) {
+      plan.layers.push_back(plan_runs(c, l, order, plan.blob, true));
+      for (const RunPlan& run : plan.layers.back()) {
+        sig += str_cat(" ", static_cast<const void*>(run.format), ":", run.r1 - run.r0, ":",
+                       run.stride);
+        for (const AttentionCall& call : run.calls) {
+          (run.format->zeroed_workspace() ? zeroed_ws : plain_ws).get(call.workspace_bytes, s);
+          sig += str_cat("/", call.sub, "x", call.n_q);
+        }
+      }
+    }
+    if (graphs_workspace_generation != workspace_generation || graphs.size() > kMaxGraphs) {
+      graphs.clear();  // they hold workspaces that are gone
+      graphs_workspace_generation = workspace_generation;
+    }
+    auto seen = graphs.find(sig);
+    if (seen == graphs.end()) {  // first sight: eager, and remember the signature
+      graphs.emplace(sig, nullptr);
+      run_eager(c, host, order, T, tokens, positions, rows, destinations);
+      return;
+    }
+    std::unique_ptr<StepGraph>& graph = seen->second;
+    const std::vector<uint8_t>& blob = plan.blob.bytes();
+    if (graph == nullptr) {
+      auto g = std::make_unique<StepGraph>();
+      g->blob = PinnedBuffer<uint8_t>(blob.size());
+      g->device_blob = DeviceBuffer<uint8_t>(blob.size());
+      g->logits = PinnedBuffer<float>(size_t(plan.n_logits * V));
+      std::memcpy(g->blob.data(), blob.data(), blob.size());
+      const uint8_t* base = g->device_blob.data();
+      cudaGraph_t captured;
+      TURBOKV_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      TURBOKV_CUDA_CHECK(cudaMemcpyAsync(g->device_blob.data(), g->blob.data(), blob.size(),
+                                         cudaMemcpyHostToDevice, s));
+      run_layers(c, host, order, T, at<int32_t>(base, plan.tokens),
+                 at<int32_t>(base, plan.positions), &plan, base);
+      for (int64_t b = 0; b < plan.n_logits; b += kLogitRows) {
+        enqueue_logits(c, at<int32_t>(base, plan.logit_rows) + b,
+                       std::min<int64_t>(kLogitRows, plan.n_logits - b),
+                       g->logits.data() + b * V);
+      }
+      TURBOKV_CUDA_CHECK(cudaStreamEndCapture(s, &captured));
+      const cudaError_t err = cudaGraphInstantiate(&g->exec, captured, 0);
+      cudaGraphDestroy(captured);
+      TURBOKV_CUDA_CHECK(err);
+      graph = std::move(g);
+    } else {
+      std::memcpy(graph->blob.data(), blob.data(), blob.size());
+    }
+    TURBOKV_CUDA_CHECK(cudaGraphLaunch(graph->exec, s));
+    TURBOKV_CUDA_CHECK(cudaStreamSynchronize(s));
+    for (const StepSlice& o : order) {
+      for (int l = 0; l < c.num_layers; ++l) device_cache(*o.slice.chunk, l).advance(1);
+    }
+    for (size_t i = 0; i < destinations.size(); ++i) {
+      std::memcpy(destinations[i], graph->logits.data() + int64_t(i) * V, size_t(V) * 4);
+    }
+    return;
+  }
+
+  run_eager(c, host, order, T, tokens, positions, rows, destinations);
+}
+
+void CudaDecoderModel::Impl::run_eager(const ModelConfig& c, const DecoderModel& host,
+                                       const std::vector<StepSlice>& order, int64_t T,
+                                       const std::vector<int32_t>& tokens,
+                                       const std::vector<int32_t>& positions,
+                                       const std::vector<int32_t>& rows,
+                                       const std::vector<float*>& destinations) {
+  cudaStream_t s = stream;
+  const int64_t V = c.vocab_size;
+  staging.reset();
+  const int32_t* d_tokens = staging.put(tokens.data(), tokens.size(), s);
+  const int32_t* d_positions = staging.put(positions.data(), positions.size(), s);
+  run_layers(c, host, order, T, d_tokens, d_positions, nullptr, nullptr);
+  const int32_t* d_rows = staging.put(rows.data(), rows.size(), s);
+  for (size_t b = 0; b < rows.size(); b += size_t(kLogitRows)) {
+    const int64_t n = std::min<int64_t>(kLogitRows, int64_t(rows.size() - b));
+    enqueue_logits(c, d_rows + b, n, host_logits.data());
+    TURBOKV_CUDA_CHECK(cudaStreamSynchronize(s));
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(destinations[b + size_t(i)], host_logits.data() + i * V, size_t(V) * 4);
+    }
+  }
+  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(s));
+}
 
 void CudaDecoderModel::forward(std::span<const Chunk> chunks) const {
   const ModelConfig& c = host_->config();
@@ -386,15 +980,9 @@ void CudaDecoderModel::forward(std::span<const Chunk> chunks) const {
   for (const Chunk& chunk : chunks) {
     for (int l = 0; l < c.num_layers; ++l) device_cache(chunk, l);
   }
-  Impl& m = *impl_;
-  const int64_t H = c.hidden_size, hd = c.head_dim;
-  const int64_t q_dim = int64_t(c.num_heads) * hd, kv_dim = int64_t(c.num_kv_heads) * hd;
-  const float eps = float(c.rms_norm_eps);
-  cudaStream_t s = m.stream;
-
   for (const std::vector<ChunkSlice>& step : split_into_steps(chunks, kForwardStepTokens)) {
     // Execution order: sequences with the same cache formats together (one kernel call per
-    // group and layer), single-token slices (decode) first inside a group.
+    // run and layer), single-token slices (decode) first inside a run.
     std::vector<StepSlice> order;
     for (const ChunkSlice& sl : step) {
       order.push_back(StepSlice{sl, 0, (*sl.chunk->caches)[0]->size()});
@@ -403,21 +991,10 @@ void CudaDecoderModel::forward(std::span<const Chunk> chunks) const {
       for (int l = 0; l < c.num_layers; ++l) {
         const DeviceFormat* fa = &device_cache(*a.slice.chunk, l).format();
         const DeviceFormat* fb = &device_cache(*b.slice.chunk, l).format();
-        if (fa != fb) return fa < fb;
+        if (fa != fb) return std::less<const DeviceFormat*>()(fa, fb);
       }
       return (a.slice.count == 1) > (b.slice.count == 1);
     });
-    int64_t T = 0;
-    std::vector<int32_t> tokens, positions;
-    for (StepSlice& o : order) {
-      o.row = T;
-      T += o.slice.count;
-      for (int i = 0; i < o.slice.count; ++i) {
-        tokens.push_back(o.slice.chunk->tokens[o.slice.begin + i]);
-        positions.push_back(int32_t(o.first + i));
-      }
-    }
-    if (T > m.max_tokens) throw Error("CUDA forward: step larger than its buffers");
     // Every cache gets its blocks for this step before any kernel runs, so a full pool fails
     // the step before it changes anything.
     for (const StepSlice& o : order) {
@@ -425,288 +1002,7 @@ void CudaDecoderModel::forward(std::span<const Chunk> chunks) const {
         device_cache(*o.slice.chunk, l).reserve_tokens(o.slice.count);
       }
     }
-    m.staging.reset();
-    const int32_t* d_tokens = m.staging.put(tokens.data(), tokens.size(), s);
-    const int32_t* d_positions = m.staging.put(positions.data(), positions.size(), s);
-    int64_t seq_len = 0;
-    for (int32_t p : positions) seq_len = std::max<int64_t>(seq_len, p + 1);
-    for (Rope* r : {&m.rope_global, &m.rope_local}) {
-      if (r->dynamic && r->uploaded_for != seq_len) {
-        const RopeTable t = make_rope_table(r->config, int(hd), seq_len);
-        TURBOKV_CUDA_CHECK(cudaMemcpyAsync(r->inv_freq.data(), t.inv_freq.data(),
-                                           t.inv_freq.size() * sizeof(float),
-                                           cudaMemcpyHostToDevice, s));
-        TURBOKV_CUDA_CHECK(cudaStreamSynchronize(s));  // the host table goes out of scope
-        r->attention_scaling = t.attention_scaling;
-        r->uploaded_for = seq_len;
-      }
-    }
-
-    embed_rows(m.embed.ptr(), m.embed.elem, H, d_tokens, T, host_->embedding_scale(), m.x.data(),
-               s);
-    for (int l = 0; l < c.num_layers; ++l) {
-      const DeviceLayer& L = m.layers[size_t(l)];
-      // Attention block.
-      rms_norm(m.x.data(), T, H, L.input_norm.data(), eps, m.narrow.data(), L.qkv.elem, s);
-      m.gemm->run(m.narrow.data(), L.qkv.ptr(), L.qkv.elem, T, q_dim + 2 * kv_dim, H, m.qkv.data(),
-                  q_dim + 2 * kv_dim);
-      const int window = c.sliding_window[size_t(l)];
-      const Rope& rope = window > 0 && m.has_local ? m.rope_local : m.rope_global;
-      QkvPostProblem qp;
-      qp.qkv = m.qkv.data();
-      qp.bias = or_null(L.qkv_bias);
-      qp.q_norm = or_null(L.q_norm);
-      qp.k_norm = or_null(L.k_norm);
-      qp.norm_eps = eps;
-      qp.positions = d_positions;
-      qp.inv_freq = rope.inv_freq.data();
-      qp.rotary_dim = rope.rotary_dim;
-      qp.attention_scaling = rope.attention_scaling;
-      qp.tokens = T;
-      qp.heads = c.num_heads;
-      qp.kv_heads = c.num_kv_heads;
-      qp.head_dim = int(hd);
-      qp.q = m.q.data();
-      qp.k = m.k.data();
-      qp.v = m.v.data();
-      qkv_post(qp, s);
-
-      AttentionOptions ao;
-      ao.n_heads = c.num_heads;
-      ao.scale = c.attention_scale;
-      ao.logit_softcap = c.attn_logit_softcap;
-      ao.sliding_window = window;
-      // Runs of consecutive slices whose caches share this layer's format: one append per
-      // run, then (formats may change: a staged cache converts once it is long enough) one
-      // attention call per run's decode slices and one per longer slice.
-      auto runs = [&] {
-        std::vector<std::pair<size_t, size_t>> out;
-        for (size_t r0 = 0; r0 < order.size();) {
-          const DeviceFormat* f = &device_cache(*order[r0].slice.chunk, l).format();
-          size_t r1 = r0 + 1;
-          while (r1 < order.size() && &device_cache(*order[r1].slice.chunk, l).format() == f) ++r1;
-          out.emplace_back(r0, r1);
-          r0 = r1;
-        }
-        return out;
-      };
-      // The run's block table [n, stride], lengths after this step's append, states.
-      struct RunView {
-        PagedBatch batch;
-        const TQSequenceState* states = nullptr;
-        std::vector<int> lens;
-      };
-      auto upload_run = [&](size_t r0, size_t r1) {
-        const int n = int(r1 - r0);
-        size_t stride = 1;
-        for (size_t i = r0; i < r1; ++i) {
-          stride = std::max(stride, device_cache(*order[i].slice.chunk, l).blocks().size());
-        }
-        std::vector<const uint8_t*> table(static_cast<size_t>(n) * stride);
-        std::vector<TQSequenceState> states(static_cast<size_t>(n));
-        RunView view;
-        view.lens.resize(static_cast<size_t>(n));
-        for (int i = 0; i < n; ++i) {
-          const StepSlice& o = order[r0 + size_t(i)];
-          const DeviceKVCache& cache = device_cache(*o.slice.chunk, l);
-          for (size_t b = 0; b < stride; ++b) {
-            const uint8_t* block = b < cache.blocks().size() ? cache.blocks()[b] : nullptr;
-            table[size_t(i) * stride + b] = block != nullptr ? block : cache.zero_block();
-          }
-          view.lens[size_t(i)] = int(o.first + o.slice.count);
-          states[size_t(i)] = cache.state();
-        }
-        view.batch.block_table = m.staging.put(table.data(), table.size(), s);
-        view.batch.table_stride = int(stride);
-        view.batch.seq_len = m.staging.put(view.lens.data(), view.lens.size(), s);
-        view.batch.batch = n;
-        view.batch.max_len = *std::max_element(view.lens.begin(), view.lens.end());
-        view.states = m.staging.put(states.data(), states.size(), s);
-        return view;
-      };
-      std::vector<RunView> views;
-      bool converted = false;
-      const auto append_runs = runs();
-      for (const auto& [r0, r1] : append_runs) {
-        for (size_t i = r0; i < r1; ++i) {
-          DeviceKVCache& cache = device_cache(*order[i].slice.chunk, l);
-          if (cache.needs_calibration()) {
-            cache.calibrate(m.k.data() + order[i].row * kv_dim, m.v.data() + order[i].row * kv_dim,
-                            order[i].slice.count);
-          }
-        }
-        RunView view = upload_run(r0, r1);
-        std::vector<int> row_seq, row_pos;
-        for (size_t i = r0; i < r1; ++i) {
-          for (int t = 0; t < order[i].slice.count; ++t) {
-            row_seq.push_back(int(i - r0));
-            row_pos.push_back(int(order[i].first + t));
-          }
-        }
-        const int64_t run_row = order[r0].row;
-        AppendRows ar;
-        ar.k = m.k.data() + run_row * kv_dim;
-        ar.v = m.v.data() + run_row * kv_dim;
-        ar.row_seq = m.staging.put(row_seq.data(), row_seq.size(), s);
-        ar.row_pos = m.staging.put(row_pos.data(), row_pos.size(), s);
-        ar.rows = int(row_seq.size());
-        device_cache(*order[r0].slice.chunk, l).format().append(view.batch, view.states, ar, s);
-        for (size_t i = r0; i < r1; ++i) {
-          DeviceKVCache& cache = device_cache(*order[i].slice.chunk, l);
-          const int64_t generation = cache.generation();
-          cache.advance(order[i].slice.count);
-          converted |= cache.generation() != generation;
-        }
-        views.push_back(std::move(view));
-      }
-      const auto attend_runs = converted ? runs() : append_runs;
-      for (size_t r = 0; r < attend_runs.size(); ++r) {
-        const auto [r0, r1] = attend_runs[r];
-        const RunView view = converted ? upload_run(r0, r1) : std::move(views[r]);
-        const DeviceFormat& format = device_cache(*order[r0].slice.chunk, l).format();
-        const int n = int(r1 - r0);
-        for (int i = 0; i < n;) {
-          int j = i + 1;
-          if (order[r0 + size_t(i)].slice.count == 1) {
-            while (j < n && order[r0 + size_t(j)].slice.count == 1) ++j;
-          }
-          const int sub = j - i;
-          const int n_q = order[r0 + size_t(i)].slice.count;
-          std::vector<int> starts(static_cast<size_t>(sub) + 1);
-          for (int b = 0; b <= sub; ++b) starts[size_t(b)] = b * n_q;
-          PagedBatch sb = view.batch;
-          sb.block_table = view.batch.block_table + size_t(i) * view.batch.table_stride;
-          sb.seq_len = view.batch.seq_len + i;
-          sb.batch = sub;
-          sb.max_len = *std::max_element(view.lens.begin() + i, view.lens.begin() + j);
-          QueryRows qr;
-          const int64_t q_row = order[r0 + size_t(i)].row;
-          qr.q = m.q.data() + q_row * q_dim;
-          qr.out = m.attn.data() + q_row * q_dim;
-          qr.q_start = m.staging.put(starts.data(), starts.size(), s);
-          qr.max_n_q = n_q;
-          const size_t ws_bytes = format.workspace_bytes(sb, qr, ao);
-          void* ws = (format.zeroed_workspace() ? m.zeroed_ws : m.plain_ws).get(ws_bytes, s);
-          format.attend(sb, view.states + i, qr, ao, n_q, ws, ws_bytes, s);
-          i = j;
-        }
-      }
-      const void* attn_in = m.attn.data();
-      if (L.o.elem != Elem::kF32) {
-        cast(m.attn.data(), T * q_dim, m.narrow.data(), L.o.elem, s);
-        attn_in = m.narrow.data();
-      }
-      m.gemm->run(attn_in, L.o.ptr(), L.o.elem, T, H, q_dim, m.out.data(), H);
-      residual_add(m.x.data(), m.out.data(), T, H, or_null(L.o_bias),
-                   c.sandwich_norms ? L.post_attention_norm.data() : nullptr, eps, s);
-
-      // Feed-forward block.
-      const float* ffn_norm =
-          c.sandwich_norms ? L.pre_feedforward_norm.data() : L.post_attention_norm.data();
-      const float* post_ffn = c.sandwich_norms ? L.post_feedforward_norm.data() : nullptr;
-      if (!L.moe) {
-        const DeviceMlp& mlp = L.mlp;
-        rms_norm(m.x.data(), T, H, ffn_norm, eps, m.narrow.data(), mlp.gate_up.elem, s);
-        m.gemm->run(m.narrow.data(), mlp.gate_up.ptr(), mlp.gate_up.elem, T, 2 * mlp.inter, H,
-                    m.gate_up.data(), 2 * mlp.inter);
-        gated_activation(m.gate_up.data(), T, mlp.inter, or_null(mlp.gate_bias),
-                         or_null(mlp.up_bias), c.activation, m.narrow.data(), mlp.down.elem, s);
-        m.gemm->run(m.narrow.data(), mlp.down.ptr(), mlp.down.elem, T, H, mlp.inter,
-                    m.mlp_out.data(), H);
-        residual_add(m.x.data(), m.mlp_out.data(), T, H, or_null(mlp.down_bias), post_ffn, eps, s);
-        continue;
-      }
-      // Mixture of experts: route on the GPU, then one GEMM chain per expert over its tokens
-      // (the token lists come back to the host: the GEMM shapes depend on them).
-      rms_norm(m.x.data(), T, H, ffn_norm, eps, m.norm32.data(), Elem::kF32, s);
-      const void* router_in = m.norm32.data();
-      if (L.router.elem != Elem::kF32) {
-        cast(m.norm32.data(), T * H, m.narrow.data(), L.router.elem, s);
-        router_in = m.narrow.data();
-      }
-      const int E = int(L.experts.size());
-      m.gemm->run(router_in, L.router.ptr(), L.router.elem, T, E, H, m.router_logits.data(), E);
-      moe_route(m.router_logits.data(), T, E, L.top_k, L.norm_topk, m.expert_ids.data(),
-                m.expert_weights.data(), s);
-      std::vector<int32_t> ids(size_t(T * L.top_k));
-      std::vector<float> weights(ids.size());
-      TURBOKV_CUDA_CHECK(cudaMemcpyAsync(ids.data(), m.expert_ids.data(), ids.size() * 4,
-                                         cudaMemcpyDeviceToHost, s));
-      TURBOKV_CUDA_CHECK(cudaMemcpyAsync(weights.data(), m.expert_weights.data(),
-                                         weights.size() * 4, cudaMemcpyDeviceToHost, s));
-      TURBOKV_CUDA_CHECK(cudaStreamSynchronize(s));
-      // Per expert, its tokens and their weights, laid out expert after expert.
-      std::vector<int32_t> rows_of;
-      std::vector<float> weight_of;
-      std::vector<std::pair<int64_t, int64_t>> range(size_t(E), {0, 0});
-      for (int e = 0; e < E; ++e) {
-        range[size_t(e)].first = int64_t(rows_of.size());
-        for (int64_t t = 0; t < T; ++t) {
-          for (int k = 0; k < L.top_k; ++k) {
-            if (ids[size_t(t * L.top_k + k)] == e) {
-              rows_of.push_back(int32_t(t));
-              weight_of.push_back(weights[size_t(t * L.top_k + k)]);
-            }
-          }
-        }
-        range[size_t(e)].second = int64_t(rows_of.size()) - range[size_t(e)].first;
-      }
-      const int32_t* d_rows = m.staging.put(rows_of.data(), rows_of.size(), s);
-      const float* d_weights = m.staging.put(weight_of.data(), weight_of.size(), s);
-      TURBOKV_CUDA_CHECK(cudaMemsetAsync(m.moe_out.data(), 0, size_t(T * H) * 4, s));
-      for (int e = 0; e < E; ++e) {
-        const auto [begin, count] = range[size_t(e)];
-        if (count == 0) continue;
-        const DeviceMlp& x = L.experts[size_t(e)];
-        gather_rows(m.norm32.data(), H, d_rows + begin, count, m.expert_x.data(), s);
-        cast(m.expert_x.data(), count * H, m.expert_narrow.data(), x.gate_up.elem, s);
-        m.gemm->run(m.expert_narrow.data(), x.gate_up.ptr(), x.gate_up.elem, count, 2 * x.inter,
-                    H, m.expert_gate_up.data(), 2 * x.inter);
-        gated_activation(m.expert_gate_up.data(), count, x.inter, or_null(x.gate_bias),
-                         or_null(x.up_bias), c.activation, m.expert_narrow.data(), x.down.elem, s);
-        m.gemm->run(m.expert_narrow.data(), x.down.ptr(), x.down.elem, count, H, x.inter,
-                    m.expert_out.data(), H);
-        if (x.down_bias.size() > 0) {
-          throw Unsupported("--device cuda: MoE experts with a down_proj bias");
-        }
-        scatter_add_weighted(m.moe_out.data(), m.expert_out.data(), d_rows + begin,
-                             d_weights + begin, count, H, s);
-      }
-      residual_add(m.x.data(), m.moe_out.data(), T, H, nullptr, post_ffn, eps, s);
-    }
-
-    // Logits of the rows that need them (as DecoderModel::write_logits).
-    std::vector<int32_t> rows;
-    std::vector<float*> destinations;
-    for (const StepSlice& o : order) {
-      const Chunk& chunk = *o.slice.chunk;
-      if (chunk.logits != nullptr && chunk.all_logits) {
-        for (int i = 0; i < o.slice.count; ++i) {
-          rows.push_back(int32_t(o.row + i));
-          destinations.push_back(chunk.logits + int64_t(o.slice.begin + i) * c.vocab_size);
-        }
-      } else if (chunk.logits != nullptr && o.slice.begin + o.slice.count == chunk.n_tokens) {
-        rows.push_back(int32_t(o.row + o.slice.count - 1));
-        destinations.push_back(chunk.logits);
-      }
-    }
-    const int64_t V = c.vocab_size;
-    const int32_t* d_rows = m.staging.put(rows.data(), rows.size(), s);
-    for (size_t b = 0; b < rows.size(); b += size_t(kLogitRows)) {
-      const int64_t n = std::min<int64_t>(kLogitRows, int64_t(rows.size() - b));
-      gather_rows(m.x.data(), H, d_rows + b, n, m.norm32.data(), s);
-      rms_norm(m.norm32.data(), n, H, m.final_norm.data(), eps, m.narrow.data(), m.lm_head->elem,
-               s);
-      m.gemm->run(m.narrow.data(), m.lm_head->ptr(), m.lm_head->elem, n, V, H, m.logits.data(), V);
-      if (c.final_logit_softcap > 0) softcap(m.logits.data(), n * V, c.final_logit_softcap, s);
-      TURBOKV_CUDA_CHECK(cudaMemcpyAsync(m.host_logits.data(), m.logits.data(),
-                                         size_t(n * V) * 4, cudaMemcpyDeviceToHost, s));
-      TURBOKV_CUDA_CHECK(cudaStreamSynchronize(s));
-      for (int64_t i = 0; i < n; ++i) {
-        std::memcpy(destinations[b + size_t(i)], m.host_logits.data() + i * V, size_t(V) * 4);
-      }
-    }
-    TURBOKV_CUDA_CHECK(cudaStreamSynchronize(s));
+    impl_->step(c, *host_, order);
   }
 }
 
