@@ -22,6 +22,11 @@ struct E2EBenchFlags {
   // all with the quantized KV cache: tokens/s, the ratio to model_dir, and the weight bytes
   // each decoded token reads next to the machine's measured read bandwidth.
   std::vector<std::string> compare_models;
+  // --device cuda: decode at these cache depths with this many sequences (the prompt is not
+  // prefilled: caches are filled to the depth), dense vs the KV flags vs uniform 4.
+  DeviceFlags device;
+  std::string depths = "4096,32768";
+  int batch = 1;
 };
 
 // Adds the `e2e` subcommand to `bench` with its flags bound to flags.

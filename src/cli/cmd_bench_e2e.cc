@@ -10,13 +10,20 @@
 #include <ctime>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 
 #include "cli/bench_e2e.h"
+#include "engine/backend.h"
 #include "core/error.h"
 #include "core/threads.h"
 #include "kv/cache_policy.h"
 #include "kv/kv_resolve.h"
 #include "model/model.h"
+
+#ifdef TURBOKV_HAVE_CUDA
+#include "eval/gpu_bench.h"
+#include "model/cuda/cuda_decoder.h"
+#endif
 
 namespace turbokv::cli {
 namespace {
@@ -183,6 +190,71 @@ int run_weights_comparison(const E2EBenchFlags& flags, const ResolvedKV& kv) {
   return 0;
 }
 
+// --device cuda: prefill tok/s and decode tok/s at each depth, dense vs the KV flags vs
+// uniform 4 (eval/gpu_bench.h), ratios to dense.
+int run_gpu_bench(const E2EBenchFlags& flags, const ResolvedKV& quant) {
+#ifdef TURBOKV_HAVE_CUDA
+  std::vector<int64_t> depths;
+  std::stringstream in(flags.depths);
+  for (std::string item; std::getline(in, item, ',');) {
+    char* end = nullptr;
+    const long long d = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || d < 0 || d > (int64_t(1) << 31)) {
+      throw InvalidArgument(str_cat("--depths: '", item, "' is not a depth in 0..2^31"));
+    }
+    depths.push_back(d);
+  }
+  if (flags.batch < 1 || flags.batch > 1024) {
+    throw InvalidArgument(str_cat("--batch ", flags.batch, " is out of range (1..1024)"));
+  }
+  LoadedModel loaded = load_model(flags.model_dir, flags.device.options());
+  const auto& model = dynamic_cast<const cuda::CudaDecoderModel&>(*loaded.model);
+  KVOptions uniform;
+  uniform.kv_bits = 4;
+  const std::vector<std::pair<std::string, ResolvedKV>> sides = {
+      {"dense", ResolvedKV{}},
+      {str_cat(kv_scheme_name(quant.scheme), " ", quant.key_bits, "/", quant.value_bits), quant},
+      {"uniform 4", resolve_kv_options(uniform)}};
+  nlohmann::json rows = nlohmann::json::array();
+  std::printf("GPU, batch %d, prefill %d tokens; decode tok/s (ratio to dense)\n", flags.batch,
+              flags.prompt_tokens);
+  std::printf("%-18s %12s", "kv", "prefill t/s");
+  for (int64_t d : depths) std::printf(" %20s", str_cat("depth ", d).c_str());
+  std::printf("\n");
+  std::vector<std::vector<double>> tps(sides.size());
+  for (size_t i = 0; i < sides.size(); ++i) {
+    const double prefill = eval::gpu_prefill_tokens_per_s(model, sides[i].second,
+                                                           flags.prompt_tokens);
+    std::printf("%-18s %12.0f", sides[i].first.c_str(), prefill);
+    nlohmann::json row = {{"kv", sides[i].first}, {"prefill_tps", prefill}};
+    for (int64_t d : depths) {
+      const eval::GpuDecodeResult r =
+          eval::gpu_decode(model, sides[i].second, flags.batch, d, 3, flags.gen_tokens);
+      tps[i].push_back(r.tokens_per_s);
+      std::printf(" %12.1f (%5.2fx)", r.tokens_per_s, r.tokens_per_s / tps[0][tps[i].size() - 1]);
+      row["decode"].push_back({{"depth", d},
+                               {"tokens_per_s", r.tokens_per_s},
+                               {"ratio_to_dense", r.tokens_per_s / tps[0][tps[i].size() - 1]},
+                               {"kv_bytes", r.kv_bytes},
+                               {"kv_bytes_dense", r.kv_bytes_dense}});
+    }
+    std::printf("\n");
+    rows.push_back(row);
+  }
+  if (flags.json) {
+    std::printf("%s\n", nlohmann::json({{"device", "cuda"}, {"batch", flags.batch},
+                                        {"results", rows}})
+                             .dump()
+                             .c_str());
+  }
+  return 0;
+#else
+  (void)flags;
+  (void)quant;
+  throw InvalidArgument("--device cuda: this build of turbokv has no CUDA support");
+#endif
+}
+
 }  // namespace
 
 CLI::App* add_e2e_bench(CLI::App& bench, E2EBenchFlags& flags) {
@@ -207,6 +279,11 @@ CLI::App* add_e2e_bench(CLI::App& bench, E2EBenchFlags& flags) {
                   "run, quantized KV on both (repeatable)");
   flags.kv.kv_bits = "3.5";
   flags.kv.add_to(*cmd);
+  flags.device.add_to(*cmd);
+  cmd->add_option("--depths", flags.depths, "cuda: comma-separated cache depths")
+      ->capture_default_str();
+  cmd->add_option("--batch", flags.batch, "cuda: sequences decoded together")
+      ->capture_default_str();
   return cmd;
 }
 
@@ -217,6 +294,8 @@ int run_e2e_bench(const E2EBenchFlags& flags) {
                                   " must be >= 1"));
   }
   const ResolvedKV quant = resolve_kv_options(flags.kv.options());
+  check_device(flags.device.options());
+  if (flags.device.device == "cuda") return run_gpu_bench(flags, quant);
   set_num_threads(flags.threads);
   if (!flags.compare_models.empty()) return run_weights_comparison(flags, quant);
   std::unique_ptr<Model> model = Model::load(flags.model_dir);

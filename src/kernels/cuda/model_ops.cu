@@ -283,6 +283,23 @@ __global__ void scatter_add_kernel(float* out, const float* y, const int32_t* to
   for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) o[c] += y[i * dim + c] * w;
 }
 
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Box-Muller on two 24-bit uniforms of splitmix64(seed, i).
+__global__ void fill_normal_kernel(float* out, int64_t n, uint64_t seed, float stddev) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const uint64_t r = mix64(seed * 0x9E3779B97F4A7C15ull + uint64_t(i));
+    const float u1 = (float((r >> 40) & 0xFFFFFF) + 0.5f) / 16777216.0f;
+    const float u2 = float((r >> 16) & 0xFFFFFF) / 16777216.0f;
+    out[i] = stddev * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+  }
+}
+
 void check_rows(int64_t rows, const char* what) {
   if (rows < 0 || rows > int64_t(INT32_MAX)) {
     throw InvalidArgument(str_cat(what, ": ", rows, " rows is out of range"));
@@ -374,6 +391,12 @@ void moe_route(const float* logits, int64_t tokens, int experts, int top_k, bool
   if (tokens == 0) return;
   moe_route_kernel<<<unsigned(tokens), kThreads, size_t(experts) * sizeof(float), stream>>>(
       logits, experts, top_k, norm_topk, expert_ids, weights);
+  TURBOKV_CUDA_CHECK_LAUNCH();
+}
+
+void fill_normal(float* out, int64_t n, uint64_t seed, float stddev, cudaStream_t stream) {
+  if (n == 0) return;
+  fill_normal_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, n, seed, stddev);
   TURBOKV_CUDA_CHECK_LAUNCH();
 }
 

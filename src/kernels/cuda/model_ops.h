@@ -86,4 +86,8 @@ void moe_route(const float* logits, int64_t tokens, int experts, int top_k, bool
 void scatter_add_weighted(float* out, const float* y, const int32_t* token, const float* weight,
                           int64_t n, int64_t dim, cudaStream_t stream);
 
+// out[i] = stddev * N(0, 1) from a counter-based generator (seed, i): synthetic keys and values
+// for benchmarks that fill a cache to a depth without a prefill.
+void fill_normal(float* out, int64_t n, uint64_t seed, float stddev, cudaStream_t stream);
+
 }  // namespace turbokv::cuda

@@ -222,13 +222,24 @@ void DeviceKVCache::trim(int64_t n) {
 void DeviceKVCache::append(const float* k, const float* v, int n_tokens) {
   check_append(k, v, n_tokens);
   if (n_tokens == 0) return;
-  const int heads = kv_heads(), d = head_dim();
-  const size_t count = size_t(n_tokens) * heads * d;
+  const size_t count = size_t(n_tokens) * kv_heads() * head_dim();
+  DeviceBuffer<float> dk(count), dv(count);
+  TURBOKV_CUDA_CHECK(cudaMemcpyAsync(dk.data(), k, count * sizeof(float), cudaMemcpyHostToDevice,
+                                     context_.stream()));
+  TURBOKV_CUDA_CHECK(cudaMemcpyAsync(dv.data(), v, count * sizeof(float), cudaMemcpyHostToDevice,
+                                     context_.stream()));
+  append_device(dk.data(), dv.data(), n_tokens);
+}
+
+void DeviceKVCache::append_device(const float* k, const float* v, int n_tokens) {
+  if (n_tokens < 0 || (n_tokens > 0 && (k == nullptr || v == nullptr))) {
+    throw InvalidArgument(str_cat("append_device: ", n_tokens, " tokens without data"));
+  }
+  if (n_tokens == 0) return;
   reserve_tokens(n_tokens);
-  // Scratch: [k][v][row_seq][row_pos][table][seq_len][state]
+  // Scratch: [row_seq][row_pos][table][seq_len][state]
   const size_t table_entries = blocks_.size();
-  const size_t off_v = align16(count * 4), off_seq = off_v + align16(count * 4);
-  const size_t off_pos = off_seq + align16(size_t(n_tokens) * 4);
+  const size_t off_pos = align16(size_t(n_tokens) * 4);
   const size_t off_table = off_pos + align16(size_t(n_tokens) * 4);
   const size_t off_len = off_table + align16(table_entries * 8);
   const size_t off_state = off_len + 16;
@@ -242,9 +253,9 @@ void DeviceKVCache::append(const float* k, const float* v, int n_tokens) {
   }
   const int len = int(size_ + n_tokens);
   AppendRows rows;
-  rows.k = scratch_copy(context_, k, count, 0, base);
-  rows.v = scratch_copy(context_, v, count, off_v, base);
-  rows.row_seq = scratch_copy(context_, seq.data(), seq.size(), off_seq, base);
+  rows.k = k;
+  rows.v = v;
+  rows.row_seq = scratch_copy(context_, seq.data(), seq.size(), 0, base);
   rows.row_pos = scratch_copy(context_, pos.data(), pos.size(), off_pos, base);
   rows.rows = n_tokens;
   PagedBatch batch;
@@ -253,7 +264,7 @@ void DeviceKVCache::append(const float* k, const float* v, int n_tokens) {
   batch.seq_len = scratch_copy(context_, &len, 1, off_len, base);
   batch.batch = 1;
   batch.max_len = len;
-  calibrate(rows.k, rows.v, n_tokens);
+  calibrate(k, v, n_tokens);
   const TQSequenceState st = state_;
   const TQSequenceState* states = scratch_copy(context_, &st, 1, off_state, base);
   format_->append(batch, states, rows, context_.stream());

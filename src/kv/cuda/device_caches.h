@@ -115,6 +115,10 @@ class DeviceKVCache : public KVCache {
   void save(ByteWriter& out) const override;
   void load(ByteReader& in) override;
 
+  // append() for keys and values already on the device ([n, kv_heads, head_dim] fp32), queued
+  // on the context's stream and synchronized.
+  void append_device(const float* k, const float* v, int n_tokens);
+
   // The CUDA model's path.
   const DeviceFormat& format() const { return *format_; }
   int window() const { return window_; }

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Concurrent serving on the GPU: N streaming chat requests at once against `turbokv server
+--device cuda`, half with the server's dense cache and half with kv_bits 3.5; every text must
+equal the same request made alone (greedy). Then the total decode tok/s of N dense-only
+requests vs N TurboQuant-only ones, each measured with all N in flight.
+
+usage: bench/cuda/serve_bench.py --bin build/turbokv [--model DIR] [--requests 64]
+         [--prompt-tokens 4096] [--max-tokens 256] [--port 8089]
+Standard library only.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+
+def post(url, body, stream):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        if not stream:
+            return json.loads(r.read())
+        text, usage = [], None
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                usage = event["usage"]
+            for choice in event.get("choices", []):
+                text.append(choice.get("delta", {}).get("content") or "")
+        return {"text": "".join(text), "usage": usage}
+
+
+def prompt_of(i, words):
+    # Distinct prompts: a long shared-looking body with a per-request header.
+    body = " ".join(f"x{(j * 7919 + i) % 1000}" for j in range(words))
+    return f"Request {i}. Continue this list:\n{body}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--model")
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=4096)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--port", type=int, default=8089)
+    args = ap.parse_args()
+    cmd = [args.bin, "server", "--device", "cuda", "--port", str(args.port),
+           "--max-sequences", str(args.requests), "--max-tokens-limit", "4096"]
+    if args.model:
+        cmd += ["--model", args.model]
+    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{args.port}"
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(base + "/health", timeout=1)
+                break
+            except Exception:
+                time.sleep(0.5)
+        url = base + "/v1/chat/completions"
+        # Words of ~2 tokens each: about prompt_tokens tokens of prompt.
+        words = max(1, args.prompt_tokens // 2)
+
+        def body(i, kv):
+            b = {"messages": [{"role": "user", "content": prompt_of(i, words)}],
+                 "max_tokens": args.max_tokens, "temperature": 0, "stream": True,
+                 "stream_options": {"include_usage": True}}
+            if kv is not None:
+                b["kv_bits"] = kv
+            return b
+
+        def run_all(kinds):
+            results = [None] * len(kinds)
+
+            def one(i):
+                results[i] = post(url, body(i, kinds[i]), True)
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(len(kinds))]
+            start = time.time()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            seconds = time.time() - start
+            tokens = sum(r["usage"]["completion_tokens"] for r in results if r and r["usage"])
+            return results, seconds, tokens
+
+        n = args.requests
+        mixed = [None if i % 2 == 0 else 3.5 for i in range(n)]
+        got, seconds, tokens = run_all(mixed)
+        print(f"{n} concurrent streams (half dense, half kv_bits 3.5): {tokens} tokens in "
+              f"{seconds:.1f} s, {tokens / seconds:.1f} tok/s", flush=True)
+        mismatches = 0
+        for i in range(n):
+            alone = post(url, body(i, mixed[i]), True)
+            if alone["text"] != got[i]["text"]:
+                mismatches += 1
+                print(f"request {i} ({'dense' if mixed[i] is None else 'kv_bits 3.5'}): batched "
+                      f"text differs from the same request alone", flush=True)
+        print(f"same text as alone: {n - mismatches}/{n}", flush=True)
+        for label, kind in (("dense-only", None), ("TurboQuant 3.5-only", 3.5)):
+            _, seconds, tokens = run_all([kind] * n)
+            print(f"{label}: {n} streams, {tokens} tokens in {seconds:.1f} s, "
+                  f"{tokens / seconds:.1f} tok/s", flush=True)
+        # A request far larger than the pool must be refused (or queued), not crash the server.
+        try:
+            post(url, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                       "kv_bits": 99}, False)
+        except urllib.error.HTTPError as e:
+            print(f"bad request: HTTP {e.code}", flush=True)
+        urllib.request.urlopen(base + "/health", timeout=5)
+        print("server still healthy", flush=True)
+        sys.exit(1 if mismatches else 0)
+    finally:
+        server.terminate()
+        try:
+            out, _ = server.communicate(timeout=20)
+            sys.stdout.write(out.decode()[-2000:])
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+if __name__ == "__main__":
+    main()
