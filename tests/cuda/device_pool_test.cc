@@ -58,6 +58,23 @@ TEST(DeviceBlockPool, BlocksOfOneSizeNeverOverlap) {
   EXPECT_THROW(pool.allocate(100), InvalidArgument);  // not a multiple of 16
 }
 
+TEST(DeviceBlockPool, SharedBlocksGoBackWithTheirLastReference) {
+  std::vector<uint8_t> memory(2 * kChunk);
+  DeviceBlockPool pool(memory.data(), memory.size());
+  uint8_t* a = pool.allocate(4096);
+  pool.retain(a);
+  pool.retain(a);
+  EXPECT_EQ(pool.references(a), 3);
+  pool.release(a, 4096);
+  pool.release(a, 4096);
+  EXPECT_EQ(pool.references(a), 1);
+  EXPECT_EQ(pool.stats().blocks_in_use, 1);
+  pool.release(a, 4096);
+  EXPECT_EQ(pool.references(a), 0);
+  EXPECT_EQ(pool.stats().chunks_in_use, 0);
+  EXPECT_THROW(pool.retain(a), Error);
+}
+
 TEST(DeviceBlockPool, ReservationsStopAtTheBudget) {
   std::vector<uint8_t> memory(8 * kChunk);
   DeviceBlockPool pool(memory.data(), memory.size());

@@ -227,5 +227,53 @@ TEST_F(CudaKV, SavedCachesMoveBetweenDevices) {
   TURBOKV_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+// Prefix sharing: whole blocks copied out of one cache are the same physical blocks in the
+// other; writes after a trim into a shared block go to a private copy.
+TEST_F(CudaKV, WholeBlocksAreSharedAndCopiedOnWrite) {
+  cudaStream_t stream;
+  TURBOKV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    DeviceCacheContext context(size_t(64) << 20, stream);
+    for (double bits : {3.5, 4.0, 0.0}) {
+      LayerCachePlan plan;
+      plan.kv_heads = 2;
+      plan.head_dim = 128;
+      plan.kind = bits == 0 ? LayerCacheKind::kDense : LayerCacheKind::kTurboQuant;
+      plan.turboquant = TurboQuantKVConfig{bits == 0 ? 3 : bits, bits == 0 ? 4 : bits, 0, true};
+      SCOPED_TRACE(bits);
+      LayerCaches a = make_device_layer_caches(context, {plan}, DenseElem::kF16, true);
+      LayerCaches cpu = make_layer_caches({plan}, KVDType::kF16);
+      const std::vector<float> k = testing::random_normal(size_t(600) * 2 * 128, 5);
+      const std::vector<float> v = testing::random_normal(size_t(600) * 2 * 128, 6);
+      a[0]->append(k.data(), v.data(), 600);
+      cpu[0]->append(k.data(), v.data(), 600);
+      const int64_t blocks_before = context.pool().stats().blocks_in_use;
+      std::shared_ptr<const KVRows> rows = a[0]->copy_rows(0, 512);
+      ASSERT_NE(dynamic_cast<const DeviceKVRows*>(rows.get()), nullptr);
+      EXPECT_EQ(context.pool().stats().blocks_in_use, blocks_before);  // nothing copied
+      LayerCaches b = make_device_layer_caches(context, {plan}, DenseElem::kF16, true);
+      ByteWriter state;
+      a[0]->write_state(state);
+      ByteReader state_in(state.buffer().data(), state.buffer().size());
+      b[0]->read_state(state_in);
+      b[0]->append_rows(*rows);
+      ASSERT_EQ(b[0]->size(), 512);
+      // b continues from token 512 exactly as a CPU cache would.
+      LayerCaches cpu_b = make_layer_caches({plan}, KVDType::kF16);
+      cpu_b[0]->append(k.data(), v.data(), 600);
+      cpu_b[0]->trim(88);
+      b[0]->append(k.data() + size_t(512) * 256, v.data() + size_t(512) * 256, 88);
+      EXPECT_EQ(saved(*b[0]), saved(*cpu_b[0]));
+      // A trim of b into the shared block copies it before b writes again; a is untouched.
+      b[0]->trim(100);
+      const std::vector<float> other = testing::random_normal(size_t(10) * 2 * 128, 7);
+      b[0]->append(other.data(), other.data(), 10);
+      EXPECT_EQ(saved(*a[0]), saved(*cpu[0]));
+      rows.reset();
+    }
+  }
+  TURBOKV_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 }  // namespace
 }  // namespace turbokv::cuda

@@ -64,6 +64,20 @@ std::shared_ptr<const DeviceFormat> DeviceCacheContext::format(const LayerCacheP
   return f;
 }
 
+// ----------------------------------------------------------------------------- shared rows
+
+DeviceKVRows::DeviceKVRows(DeviceBlockPool& pool, std::shared_ptr<const DeviceFormat> format,
+                           std::vector<uint8_t*> blocks, int64_t tokens)
+    : pool_(pool), format_(std::move(format)), blocks_(std::move(blocks)), tokens_(tokens) {
+  for (uint8_t* b : blocks_) pool_.retain(b);
+}
+
+DeviceKVRows::~DeviceKVRows() {
+  for (uint8_t* b : blocks_) pool_.release(b, format_->block_bytes());
+}
+
+size_t DeviceKVRows::nbytes() const { return blocks_.size() * format_->block_bytes(); }
+
 // ----------------------------------------------------------------------------- cache
 
 DeviceKVCache::DeviceKVCache(DeviceCacheContext& context,
@@ -79,6 +93,7 @@ DeviceKVCache::DeviceKVCache(DeviceCacheContext& context,
   if (staged_ && quantized_kv_start < 1) {
     throw InvalidArgument(str_cat("quantized_kv_start ", quantized_kv_start, " must be >= 1"));
   }
+  if (window_ == 0) state_host_ = format_->host_cache();
 }
 
 DeviceKVCache::~DeviceKVCache() {
@@ -94,7 +109,7 @@ void DeviceKVCache::release_all_blocks() {
 }
 
 void DeviceKVCache::convert_to_staged_format() {
-  std::unique_ptr<KVCache> host = to_host();  // the dense history, as f16/bf16/f32 values
+  std::unique_ptr<KVCache> host = download();  // the dense history, as f16/bf16/f32 values
   const auto& dense = dynamic_cast<const DenseKVCache&>(*host);
   std::vector<float> k, v;
   dense.copy_tokens(0, dense.size(), &k, &v);
@@ -103,6 +118,7 @@ void DeviceKVCache::convert_to_staged_format() {
   size_ = 0;
   format_ = std::move(staged_);
   staged_.reset();
+  state_host_ = format_->host_cache();
   calibrated_ = false;
   ++generation_;
   append(k.data(), v.data(), n);  // calibrates on the whole history, as convert_from does
@@ -189,11 +205,56 @@ void DeviceKVCache::calibrate(const float* k, const float* v, int n) {
   TURBOKV_CUDA_CHECK(cudaMemcpyAsync(hv.data(), v, count * sizeof(float), cudaMemcpyDeviceToHost,
                                      context_.stream()));
   TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
-  // The CPU cache fixes its state from the same chunk with the same code; take its result.
-  std::unique_ptr<KVCache> host = format_->host_cache();
-  host->append(hk.data(), hv.data(), n);
-  const auto& tq = dynamic_cast<const TurboQuantKVCache&>(*host);
-  set_orders(tq.key_channel_orders(), tq.value_channel_orders());
+  // The CPU cache fixes its state from the same chunk with the same code; keep its state (its
+  // rows are not needed) and take the orders from it.
+  state_host_ = format_->host_cache();
+  state_host_->append(hk.data(), hv.data(), n);
+  state_host_->trim(n);
+  adopt_host_state();
+}
+
+void DeviceKVCache::adopt_host_state() {
+  const auto* tq = dynamic_cast<const TurboQuantKVCache*>(state_host_.get());
+  if (tq != nullptr && format_->calibrates()) {
+    if (tq->calibrated()) {
+      set_orders(tq->key_channel_orders(), tq->value_channel_orders());
+      return;
+    }
+  }
+  calibrated_ = false;
+  key_orders_.clear();
+  value_orders_.clear();
+  state_ = TQSequenceState{};
+}
+
+std::shared_ptr<const KVRows> DeviceKVCache::copy_rows(int64_t first, int64_t n) const {
+  check_rows(first, n);
+  if (window_ == 0 && quantized_kv_start_ == 0 && n > 0 && first % kBlockTokens == 0 &&
+      n % kBlockTokens == 0) {
+    std::vector<uint8_t*> shared(blocks_.begin() + first / kBlockTokens,
+                                 blocks_.begin() + (first + n) / kBlockTokens);
+    return std::make_shared<const DeviceKVRows>(context_.pool(), format_, std::move(shared), n);
+  }
+  return KVCache::copy_rows(first, n);
+}
+
+void DeviceKVCache::append_rows(const KVRows& rows) {
+  const auto* device = dynamic_cast<const DeviceKVRows*>(&rows);
+  if (device == nullptr || device->format() != format_.get() || size_ % kBlockTokens != 0 ||
+      window_ > 0) {
+    KVCache::append_rows(rows);
+    return;
+  }
+  // Blocks reserved past the tokens held give way to the shared ones.
+  while (int64_t(blocks_.size()) > size_ / kBlockTokens) {
+    context_.pool().release(blocks_.back(), format_->block_bytes());
+    blocks_.pop_back();
+  }
+  for (uint8_t* b : device->blocks()) {
+    context_.pool().retain(b);
+    blocks_.push_back(b);
+  }
+  size_ += device->tokens();
 }
 
 void DeviceKVCache::trim(int64_t n) {
@@ -216,6 +277,16 @@ void DeviceKVCache::trim(int64_t n) {
   while (int64_t(blocks_.size()) > keep) {
     if (blocks_.back() != nullptr) context_.pool().release(blocks_.back(), format_->block_bytes());
     blocks_.pop_back();
+  }
+  // The next append writes into the last block: a shared one is copied first.
+  if (size_ % kBlockTokens != 0 && !blocks_.empty() && blocks_.back() != nullptr &&
+      context_.pool().references(blocks_.back()) > 1) {
+    uint8_t* own = context_.pool().allocate(format_->block_bytes());
+    TURBOKV_CUDA_CHECK(cudaMemcpyAsync(own, blocks_.back(), format_->block_bytes(),
+                                       cudaMemcpyDeviceToDevice, context_.stream()));
+    TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+    context_.pool().release(blocks_.back(), format_->block_bytes());
+    blocks_.back() = own;
   }
 }
 
@@ -323,10 +394,7 @@ void DeviceKVCache::attend(const float* q, int n_q, const AttentionParams& param
   TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
 }
 
-std::unique_ptr<KVCache> DeviceKVCache::to_host() const {
-  if (window_ > 0) {
-    throw Unsupported("a sliding-window layer's GPU cache cannot be copied to the host yet");
-  }
+std::unique_ptr<KVCache> DeviceKVCache::download() const {
   const size_t bb = format_->block_bytes();
   std::vector<uint8_t> host(blocks_.size() * bb);
   for (size_t i = 0; i < blocks_.size(); ++i) {
@@ -337,51 +405,74 @@ std::unique_ptr<KVCache> DeviceKVCache::to_host() const {
   return format_->to_host(host, size_, key_orders_, value_orders_);
 }
 
-void DeviceKVCache::save(ByteWriter& out) const {
-  if (quantized_kv_start_ > 0) {  // the CPU StagedKVCache's record
-    write_cache_header(out, "staged", kv_heads(), head_dim());
-    out.put<int64_t>(quantized_kv_start_);
-    out.put<uint8_t>(staged_ ? 0 : 1);
-  }
-  to_host()->save(out);
+std::unique_ptr<KVCache> DeviceKVCache::to_host() const {
+  check_copyable("copied to the host");
+  std::unique_ptr<KVCache> cache = download();
+  // Carry the state the calibration tokens fixed (the rows stay): a state round trip.
+  ByteWriter rows;
+  cache->write_rows(rows, 0, size_);
+  ByteWriter state;
+  state_host_->write_state(state);
+  ByteReader state_in(state.buffer().data(), state.buffer().size());
+  cache->read_state(state_in);
+  ByteReader rows_in(rows.buffer().data(), rows.buffer().size());
+  cache->read_rows(rows_in, size_);
+  return cache;
 }
 
-void DeviceKVCache::load(ByteReader& in) {
+void DeviceKVCache::check_copyable(const char* what) const {
   if (window_ > 0) {
-    throw Unsupported("a sliding-window layer's GPU cache cannot be loaded from a file yet");
+    throw Unsupported(str_cat("a sliding-window layer's GPU cache cannot be ", what));
   }
   if (quantized_kv_start_ > 0) {
-    read_cache_header(in, "staged", kv_heads(), head_dim());
-    expect_same("quantized_kv_start", in.get<int64_t>("quantized_kv_start"),
-                quantized_kv_start_);
-    const bool converted = in.get<uint8_t>("stage") != 0;
-    if (converted && staged_) {  // the file holds the quantized stage
-      release_all_blocks();
-      size_ = 0;
-      format_ = std::move(staged_);
-      staged_.reset();
-      ++generation_;
-    } else if (!converted && !staged_) {
-      throw Unsupported("loading a not yet converted staged cache into a converted GPU cache");
-    }
+    throw Unsupported(str_cat("a --quantized-kv-start GPU cache cannot be ", what));
   }
-  std::unique_ptr<KVCache> host = format_->host_cache();
-  host->load(in);
-  trim(size_);
-  const std::vector<uint8_t> blocks = format_->from_host(*host);
-  reserve_tokens(int(host->size()));
+}
+
+int64_t DeviceKVCache::calibration_tokens() const {
+  if (quantized_kv_start_ > 0) return staged_ ? 0 : quantized_kv_start_;
+  return state_host_ != nullptr ? state_host_->calibration_tokens() : 0;
+}
+
+void DeviceKVCache::write_state(ByteWriter& out) const {
+  check_copyable("saved or copied");
+  state_host_->write_state(out);
+}
+
+void DeviceKVCache::read_state(ByteReader& in) {
+  check_copyable("loaded or restored");
+  state_host_->read_state(in);  // checks the configuration, then holds the recorded state
+  release_all_blocks();
+  size_ = 0;
+  adopt_host_state();
+}
+
+void DeviceKVCache::write_rows(ByteWriter& out, int64_t first, int64_t n) const {
+  check_copyable("saved or copied");
+  check_rows(first, n);
+  to_host()->write_rows(out, first, n);
+}
+
+void DeviceKVCache::upload_rows_of(const KVCache& host) {
+  const std::vector<uint8_t> blocks = format_->from_host(host);
+  release_all_blocks();
+  size_ = 0;
+  reserve_tokens(int(host.size()));
   const size_t bb = format_->block_bytes();
   for (size_t i = 0; i < blocks.size() / bb; ++i) {
     TURBOKV_CUDA_CHECK(cudaMemcpyAsync(blocks_[i], blocks.data() + i * bb, bb,
                                        cudaMemcpyHostToDevice, context_.stream()));
   }
   TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
-  if (format_->calibrates()) {
-    if (auto* tq = dynamic_cast<const TurboQuantKVCache*>(host.get()); tq && tq->calibrated()) {
-      set_orders(tq->key_channel_orders(), tq->value_channel_orders());
-    }
-  }
-  size_ = host->size();
+  size_ = host.size();
+}
+
+void DeviceKVCache::read_rows(ByteReader& in, int64_t n) {
+  check_copyable("loaded or restored");
+  // The rows are appended to a CPU copy of this cache, and the whole cache goes back up.
+  std::unique_ptr<KVCache> host = to_host();
+  host->read_rows(in, n);
+  upload_rows_of(*host);
 }
 
 // ----------------------------------------------------------------------------- factory

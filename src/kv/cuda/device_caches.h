@@ -92,6 +92,25 @@ class DeviceFormat {
   virtual std::vector<uint8_t> from_host(const KVCache& cache) const = 0;
 };
 
+// Tokens of a device cache held by reference: whole blocks of one format, shared with the
+// caches that hold them (the pool frees a block when its last holder lets go).
+class DeviceKVRows final : public KVRows {
+ public:
+  DeviceKVRows(DeviceBlockPool& pool, std::shared_ptr<const DeviceFormat> format,
+               std::vector<uint8_t*> blocks, int64_t tokens);
+  ~DeviceKVRows() override;
+  int64_t tokens() const override { return tokens_; }
+  size_t nbytes() const override;
+  const DeviceFormat* format() const { return format_.get(); }
+  const std::vector<uint8_t*>& blocks() const { return blocks_; }
+
+ private:
+  DeviceBlockPool& pool_;
+  std::shared_ptr<const DeviceFormat> format_;
+  std::vector<uint8_t*> blocks_;
+  int64_t tokens_;
+};
+
 // One sequence's cache of one layer.
 class DeviceKVCache : public KVCache {
  public:
@@ -112,8 +131,20 @@ class DeviceKVCache : public KVCache {
   void trim(int64_t n) override;
   size_t nbytes() const override;
   void attend(const float* q, int n_q, const AttentionParams& params, float* out) const override;
-  void save(ByteWriter& out) const override;
-  void load(ByteReader& in) override;
+  // The CPU cache's records: the state from a CPU cache of the same configuration that saw the
+  // same calibration tokens (state_host_), the rows downloaded. Unsupported for rotating and
+  // staged caches. read_rows() re-uploads the whole cache (costly).
+  void write_state(ByteWriter& out) const override;
+  void read_state(ByteReader& in) override;
+  void write_rows(ByteWriter& out, int64_t first, int64_t n) const override;
+  void read_rows(ByteReader& in, int64_t n) override;
+  int64_t calibration_tokens() const override;
+  // Whole blocks (first and n multiples of kBlockTokens) are shared, not copied: the rows are
+  // references to the blocks (DeviceKVRows), and append_rows() of such rows into a cache of the
+  // same format at a block boundary puts the same blocks in its table. Anything else is copied
+  // through the host.
+  std::shared_ptr<const KVRows> copy_rows(int64_t first, int64_t n) const override;
+  void append_rows(const KVRows& rows) override;
 
   // append() for keys and values already on the device ([n, kv_heads, head_dim] fp32), queued
   // on the context's stream and synchronized.
@@ -141,13 +172,18 @@ class DeviceKVCache : public KVCache {
   const uint8_t* zero_block() const;
   TQSequenceState state() const { return state_; }
 
-  // Costly: the cache's contents as a CPU cache (a download).
+  // Costly: the cache's contents as a CPU cache in the same state (a download).
   std::unique_ptr<KVCache> to_host() const;
 
  private:
   void release_blocks_before(int64_t first_needed);
   void release_all_blocks();
   void convert_to_staged_format();
+  void check_copyable(const char* what) const;
+  // The rows as a CPU cache of the current format (split orders set, no other state).
+  std::unique_ptr<KVCache> download() const;
+  void adopt_host_state();
+  void upload_rows_of(const KVCache& host);
   void set_orders(const std::vector<std::vector<int>>& key_orders,
                   const std::vector<std::vector<int>>& value_orders);
 
@@ -160,6 +196,9 @@ class DeviceKVCache : public KVCache {
   int64_t size_ = 0;
   std::vector<uint8_t*> blocks_;  // nullptr: released (rotating) — reads go to the zero block
   bool calibrated_ = false;
+  // An empty CPU cache of this configuration in this cache's state (what the calibration
+  // tokens fixed): the source of write_state() and of the split channel orders.
+  std::unique_ptr<KVCache> state_host_;
   std::vector<std::vector<int>> key_orders_, value_orders_;  // split codecs, once calibrated
   uint8_t* state_block_ = nullptr;  // device copy of the orders (a pool block)
   size_t state_bytes_ = 0;

@@ -89,7 +89,24 @@ uint8_t* DeviceBlockPool::allocate(size_t block_bytes) {
   return block;
 }
 
+void DeviceBlockPool::retain(uint8_t* block) {
+  const Chunk& c = chunk_of(block);
+  if (c.block_bytes == 0) throw Error("DeviceBlockPool: retain of a block that is not allocated");
+  ++extra_references_[block];
+}
+
+int DeviceBlockPool::references(const uint8_t* block) const {
+  const size_t index = size_t(block - base_) / kChunkBytes;
+  if (block < base_ || index >= chunks_ || chunk_info_[index].block_bytes == 0) return 0;
+  auto it = extra_references_.find(block);
+  return 1 + (it == extra_references_.end() ? 0 : it->second);
+}
+
 void DeviceBlockPool::release(uint8_t* block, size_t block_bytes) {
+  if (auto it = extra_references_.find(block); it != extra_references_.end()) {
+    if (--it->second == 0) extra_references_.erase(it);
+    return;
+  }
   Chunk& c = chunk_of(block);
   if (c.block_bytes != block_bytes || c.used <= 0) {
     throw Error(str_cat("DeviceBlockPool: released a block of ", block_bytes,

@@ -49,7 +49,13 @@ class DeviceBlockPool {
   // A block of block_bytes (<= kChunkBytes, a multiple of 16), contents unspecified. Throws
   // PoolExhausted when no chunk is free.
   uint8_t* allocate(size_t block_bytes);
+  // Releases one reference: the block goes back only when no reference is left.
   void release(uint8_t* block, size_t block_bytes);
+  // Another reference to an allocated block (prefix sharing): it stays until every holder has
+  // released it. Shared blocks are never written (the holders copy before writing).
+  void retain(uint8_t* block);
+  // References held on the block (0: not allocated).
+  int references(const uint8_t* block) const;
   // A zero-filled block of block_bytes that is never handed out: what block tables point at
   // past a sequence's blocks.
   const uint8_t* zero_block(size_t block_bytes);
@@ -82,6 +88,7 @@ class DeviceBlockPool {
   std::vector<size_t> free_chunks_;                     // indices
   std::map<size_t, std::vector<size_t>> partial_;       // block size -> chunks with free blocks
   std::map<size_t, uint8_t*> zero_blocks_;              // block size -> separate allocation
+  std::map<const uint8_t*, int> extra_references_;      // shared blocks: references beyond one
   size_t used_bytes_ = 0, reserved_bytes_ = 0;
   int64_t blocks_in_use_ = 0;
 };
