@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "model/config.h"
 #include "model/decoder.h"
 
 #ifdef TURBOKV_HAVE_CUDA
@@ -45,6 +46,18 @@ LoadedModel load_model(const std::string& dir, const DeviceOptions& options) {
   LoadedModel loaded;
   loaded.device = options.device;
   std::unique_ptr<Model> model = Model::load(dir);
+#ifdef TURBOKV_HAVE_CUDA
+  if (options.device == "cuda") {
+    const auto* decoder = dynamic_cast<const DecoderModel*>(model.get());
+    const std::string why =
+        decoder != nullptr ? cuda::cuda_unsupported_reason(decoder->config()) : "";
+    if (!why.empty()) {
+      throw InvalidArgument(str_cat("--device cuda: ", why,
+                                    " do not run on the GPU yet; use --device cpu"),
+                            "device");
+    }
+  }
+#endif
   if (options.device == "cpu") {
     loaded.model = std::move(model);
     const std::vector<LayerSpec> specs = loaded.model->layer_specs();

@@ -343,6 +343,29 @@ struct CudaDecoderModel::Impl {
   int heads = 0, kv_heads = 0, head_dim = 0;
 };
 
+std::string cuda_unsupported_reason(const ModelConfig& c) {
+  for (int l = 0; l < c.num_layers; ++l) {
+    if (c.layer_kind[size_t(l)] != LayerKind::kAttention) {
+      return str_cat(layer_kind_name(c.layer_kind[size_t(l)]), " layers (", c.model_type, ")");
+    }
+    const AttentionLayerConfig& a = c.attention[size_t(l)];
+    if (a.kv_source >= 0 || a.values_from_keys) return "KV-shared layers (gemma4)";
+    if (a.num_heads != c.num_heads || a.num_kv_heads != c.num_kv_heads ||
+        a.head_dim != c.head_dim) {
+      return "layers of different attention shapes (gemma4)";
+    }
+  }
+  if (c.attention_output_gate || c.v_norm || c.per_layer_input_dim > 0 || c.layer_scalar) {
+    return "attention output gates, value norms or per-layer inputs";
+  }
+  if (!c.intermediate_per_layer.empty()) return "MLP widths that differ per layer";
+  if (c.num_experts > 0 &&
+      (c.moe_routing != MoeRouting::kSoftmaxTopK || c.shared_expert_intermediate > 0)) {
+    return "grouped MoE routing or shared experts (deepseek_v3)";
+  }
+  return "";
+}
+
 CudaDecoderModel::CudaDecoderModel(std::unique_ptr<DecoderModel> host,
                                    const CudaModelOptions& options)
     : host_(std::move(host)), impl_(std::make_unique<Impl>()) {
@@ -350,6 +373,9 @@ CudaDecoderModel::CudaDecoderModel(std::unique_ptr<DecoderModel> host,
     throw Unsupported("--device cuda: no CUDA device is available on this machine");
   }
   const ModelConfig& c = host_->config();
+  if (const std::string why = cuda_unsupported_reason(c); !why.empty()) {
+    throw Unsupported(str_cat("--device cuda: ", why, " do not run on the GPU yet"));
+  }
   Impl& m = *impl_;
   // TURBOKV_CUDA_GRAPHS=0: every step eager (debugging, and the benchmark's comparison).
   const char* graphs_env = std::getenv("TURBOKV_CUDA_GRAPHS");

@@ -16,6 +16,7 @@
 
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kv/cuda/device_caches.h"
@@ -31,6 +32,9 @@ struct CudaModelOptions {
   double kv_memory_fraction = 0.9;
   int max_step_tokens = 512;  // tokens per forward step (bounds the activation buffers)
 };
+
+// Why the GPU forward cannot run a model of this config ("" when it can).
+std::string cuda_unsupported_reason(const ModelConfig& config);
 
 class CudaDecoderModel final : public Model {
  public:

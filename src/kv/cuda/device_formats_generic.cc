@@ -1,0 +1,206 @@
+// The formats the generic paged kernels serve (kernels/cuda/kvcache): TurboQuant at any bits,
+// head_dim and split codec, and uniform affine groups. Their blocks hold the CPU caches' rows
+// (packed_rows.h records), head-major inside each 256-token block.
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/cuda/kvcache/formats.h"
+#include "kv/cuda/device_formats.h"
+#include "kv/turboquant_kv_cache.h"
+#include "kv/uniform_kv_cache.h"
+#include "quant/codec.h"
+
+namespace turbokv::cuda {
+namespace {
+
+int64_t blocks_for(int64_t tokens) { return (tokens + kBlockTokens - 1) / kBlockTokens; }
+
+// Copies rows between a cache's PackedRows (keys or values) and blocks [n_blocks][block_bytes]
+// whose section for that tensor starts at codes_offset (codes [kv_heads][256][code_bytes]) and
+// aux_offset (aux words [kv_heads][256][aux]).
+void rows_to_blocks(const PackedRows& rows, int kv_heads, int64_t tokens, size_t block_bytes,
+                    size_t codes_offset, size_t aux_offset, uint8_t* blocks) {
+  const size_t cb = rows.code_bytes(), aux = size_t(rows.aux_per_vector());
+  for (int64_t t = 0; t < tokens; ++t) {
+    uint8_t* block = blocks + size_t(t / kBlockTokens) * block_bytes;
+    for (int h = 0; h < kv_heads; ++h) {
+      const size_t slot = size_t(h) * kBlockTokens + size_t(t % kBlockTokens);
+      std::memcpy(block + codes_offset + slot * cb, rows.codes(h, t), cb);
+      std::memcpy(block + aux_offset + slot * aux * 2, rows.aux(h, t), aux * 2);
+    }
+  }
+}
+
+void blocks_to_rows(const uint8_t* blocks, int kv_heads, int64_t tokens, size_t block_bytes,
+                    size_t codes_offset, size_t aux_offset, PackedRows& rows) {
+  const size_t cb = rows.code_bytes(), aux = size_t(rows.aux_per_vector());
+  const int64_t first = rows.grow(tokens);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const uint8_t* block = blocks + size_t(t / kBlockTokens) * block_bytes;
+    for (int h = 0; h < kv_heads; ++h) {
+      const size_t slot = size_t(h) * kBlockTokens + size_t(t % kBlockTokens);
+      std::memcpy(rows.codes(h, first + t), block + codes_offset + slot * cb, cb);
+      std::memcpy(rows.aux(h, first + t), block + aux_offset + slot * aux * 2, aux * 2);
+    }
+  }
+}
+
+std::unique_ptr<quant::TurboQuantCodec> probe_codec(int head_dim, double bits,
+                                                    quant::TensorRole role,
+                                                    const TurboQuantKVConfig& config) {
+  quant::TurboQuantConfig c;
+  c.dim = head_dim;
+  c.bits = bits;
+  c.seed = config.seed;
+  c.role = role;
+  c.norm_correction = config.norm_correction;
+  return quant::make_turboquant_codec(c);  // a split codec in natural order: the channel
+                                           // orders are per sequence (TQSequenceState)
+}
+
+class GenericTQDeviceFormat final : public DeviceFormat {
+ public:
+  explicit GenericTQDeviceFormat(const LayerCachePlan& p)
+      : kv_heads_(p.kv_heads),
+        head_dim_(p.head_dim),
+        config_(p.turboquant),
+        key_(probe_codec(p.head_dim, config_.key_bits, quant::TensorRole::kKey, config_)),
+        value_(probe_codec(p.head_dim, config_.value_bits, quant::TensorRole::kValue, config_)),
+        device_(p.kv_heads, *key_, *value_),
+        geometry_(block_geometry(device_.format())) {}
+
+  std::string type_name() const override { return "turboquant"; }
+  int kv_heads() const override { return kv_heads_; }
+  int head_dim() const override { return head_dim_; }
+  size_t block_bytes() const override { return geometry_.block_bytes; }
+  size_t bytes_per_token() const override {
+    return size_t(kv_heads_) * (key_->bytes_per_vector() + value_->bytes_per_vector());
+  }
+  bool calibrates() const override {
+    return key_->norms_per_vector() > 1 || value_->norms_per_vector() > 1;
+  }
+
+  void append(const PagedBatch& batch, const TQSequenceState* states, const AppendRows& rows,
+              cudaStream_t stream) const override {
+    paged_append(device_.format(), batch, states, rows, stream);
+  }
+  size_t workspace_bytes(const PagedBatch& batch, const QueryRows& q,
+                         const AttentionOptions& o) const override {
+    return paged_attention_workspace_bytes(batch, q, o, kv_heads_, head_dim_);
+  }
+  void attend(const PagedBatch& batch, const TQSequenceState* states, const QueryRows& q,
+              const AttentionOptions& o, int, void* workspace, size_t workspace_bytes,
+              cudaStream_t stream) const override {
+    paged_attention(device_.format(), batch, states, q, o, workspace, workspace_bytes, stream);
+  }
+
+  std::unique_ptr<KVCache> host_cache() const override {
+    return std::make_unique<TurboQuantKVCache>(kv_heads_, head_dim_, config_);
+  }
+  std::unique_ptr<KVCache> to_host(const std::vector<uint8_t>& blocks, int64_t tokens,
+                                   const std::vector<std::vector<int>>& key_orders,
+                                   const std::vector<std::vector<int>>& value_orders)
+      const override {
+    auto cache = std::make_unique<TurboQuantKVCache>(kv_heads_, head_dim_, config_);
+    if (!key_orders.empty() || !value_orders.empty()) {
+      cache->set_channel_orders(key_orders, value_orders);
+    }
+    blocks_to_rows(blocks.data(), kv_heads_, tokens, geometry_.block_bytes, geometry_.k_offset,
+                   geometry_.k_aux_offset, cache->key_rows());
+    blocks_to_rows(blocks.data(), kv_heads_, tokens, geometry_.block_bytes, geometry_.v_offset,
+                   geometry_.v_aux_offset, cache->value_rows());
+    return cache;
+  }
+  std::vector<uint8_t> from_host(const KVCache& host) const override {
+    const auto& cache = dynamic_cast<const TurboQuantKVCache&>(host);
+    std::vector<uint8_t> blocks(size_t(blocks_for(cache.size())) * geometry_.block_bytes);
+    rows_to_blocks(cache.key_rows(), kv_heads_, cache.size(), geometry_.block_bytes,
+                   geometry_.k_offset, geometry_.k_aux_offset, blocks.data());
+    rows_to_blocks(cache.value_rows(), kv_heads_, cache.size(), geometry_.block_bytes,
+                   geometry_.v_offset, geometry_.v_aux_offset, blocks.data());
+    return blocks;
+  }
+
+ private:
+  int kv_heads_, head_dim_;
+  TurboQuantKVConfig config_;
+  std::unique_ptr<quant::TurboQuantCodec> key_, value_;
+  TQDeviceFormat device_;
+  BlockGeometry geometry_;
+};
+
+class UniformDeviceFormat final : public DeviceFormat {
+ public:
+  explicit UniformDeviceFormat(const LayerCachePlan& p)
+      : kv_heads_(p.kv_heads),
+        head_dim_(p.head_dim),
+        config_(p.uniform),
+        key_({p.head_dim, p.uniform.key_bits, p.uniform.group_size}),
+        value_({p.head_dim, p.uniform.value_bits, p.uniform.group_size}),
+        format_(make_uniform_format(p.kv_heads, key_, value_)),
+        geometry_(block_geometry(format_)) {}
+
+  std::string type_name() const override { return "uniform"; }
+  int kv_heads() const override { return kv_heads_; }
+  int head_dim() const override { return head_dim_; }
+  size_t block_bytes() const override { return geometry_.block_bytes; }
+  size_t bytes_per_token() const override {
+    return size_t(kv_heads_) * (key_.bytes_per_vector() + value_.bytes_per_vector());
+  }
+
+  void append(const PagedBatch& batch, const TQSequenceState*, const AppendRows& rows,
+              cudaStream_t stream) const override {
+    paged_append(format_, batch, rows, stream);
+  }
+  size_t workspace_bytes(const PagedBatch& batch, const QueryRows& q,
+                         const AttentionOptions& o) const override {
+    return paged_attention_workspace_bytes(batch, q, o, kv_heads_, head_dim_);
+  }
+  void attend(const PagedBatch& batch, const TQSequenceState*, const QueryRows& q,
+              const AttentionOptions& o, int, void* workspace, size_t workspace_bytes,
+              cudaStream_t stream) const override {
+    paged_attention(format_, batch, q, o, workspace, workspace_bytes, stream);
+  }
+
+  std::unique_ptr<KVCache> host_cache() const override {
+    return std::make_unique<UniformKVCache>(kv_heads_, head_dim_, config_);
+  }
+  std::unique_ptr<KVCache> to_host(const std::vector<uint8_t>& blocks, int64_t tokens,
+                                   const std::vector<std::vector<int>>&,
+                                   const std::vector<std::vector<int>>&) const override {
+    auto cache = std::make_unique<UniformKVCache>(kv_heads_, head_dim_, config_);
+    blocks_to_rows(blocks.data(), kv_heads_, tokens, geometry_.block_bytes, geometry_.k_offset,
+                   geometry_.k_aux_offset, cache->key_rows());
+    blocks_to_rows(blocks.data(), kv_heads_, tokens, geometry_.block_bytes, geometry_.v_offset,
+                   geometry_.v_aux_offset, cache->value_rows());
+    return cache;
+  }
+  std::vector<uint8_t> from_host(const KVCache& host) const override {
+    const auto& cache = dynamic_cast<const UniformKVCache&>(host);
+    std::vector<uint8_t> blocks(size_t(blocks_for(cache.size())) * geometry_.block_bytes);
+    rows_to_blocks(cache.key_rows(), kv_heads_, cache.size(), geometry_.block_bytes,
+                   geometry_.k_offset, geometry_.k_aux_offset, blocks.data());
+    rows_to_blocks(cache.value_rows(), kv_heads_, cache.size(), geometry_.block_bytes,
+                   geometry_.v_offset, geometry_.v_aux_offset, blocks.data());
+    return blocks;
+  }
+
+ private:
+  int kv_heads_, head_dim_;
+  UniformKVConfig config_;
+  quant::UniformCodec key_, value_;
+  UniformFormat format_;
+  BlockGeometry geometry_;
+};
+
+}  // namespace
+
+std::shared_ptr<const DeviceFormat> make_generic_turboquant_format(const LayerCachePlan& plan) {
+  return std::make_shared<GenericTQDeviceFormat>(plan);
+}
+
+std::shared_ptr<const DeviceFormat> make_generic_uniform_format(const LayerCachePlan& plan) {
+  return std::make_shared<UniformDeviceFormat>(plan);
+}
+
+}  // namespace turbokv::cuda
