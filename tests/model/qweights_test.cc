@@ -6,7 +6,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <random>
 #include <vector>
 
 #include "core/cpu.h"
@@ -15,13 +14,12 @@
 #include "kernels/cpu/qmatmul_avx2.h"
 #include "tests/common/compare.h"
 #include "tests/common/random.h"
+#include "tests/common/random_weights.h"
 
 namespace turbokv {
 namespace {
 
-void put_u16(std::vector<uint8_t>& b, size_t at, uint16_t v) {
-  std::memcpy(b.data() + at, &v, 2);
-}
+using testing::put_u16;
 
 std::vector<float> dequant(const WeightMatrix& w) {
   std::vector<float> out(size_t(w.rows * w.cols));
@@ -134,49 +132,8 @@ TEST(QuantBlocks, MlxAffine4And8Bits) {
   }
 }
 
-// Random rows of a format with moderate scales, plus their affine parameters.
-struct RandomWeight {
-  std::vector<uint8_t> data, scales, biases;
-  WeightMatrix w;
-};
-
-RandomWeight random_weight(WeightFormat format, int bits, int64_t rows, int64_t cols,
-                           uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> scale(0.001f, 0.02f);
-  RandomWeight r;
-  r.w = WeightMatrix{DType::BF16, nullptr, rows, cols};
-  r.w.format = format;
-  if (format == WeightFormat::kAffine) {
-    r.w.affine = AffineParams{nullptr, nullptr, DType::BF16, bits, 64};
-  }
-  r.data.resize(size_t(rows * r.w.row_bytes()));
-  for (uint8_t& v : r.data) v = uint8_t(gen());
-  if (format == WeightFormat::kAffine) {
-    const int64_t groups = rows * cols / 64;
-    r.scales.resize(size_t(2 * groups));
-    r.biases.resize(size_t(2 * groups));
-    for (int64_t g = 0; g < groups; ++g) {
-      put_u16(r.scales, size_t(2 * g), f32_to_bf16(scale(gen)));
-      put_u16(r.biases, size_t(2 * g), f32_to_bf16(-scale(gen) * 4));
-    }
-    r.w.affine.scales = r.scales.data();
-    r.w.affine.biases = r.biases.data();
-  } else {
-    const BlockGeometry g = block_geometry(format);
-    for (size_t at = 0; at < r.data.size(); at += size_t(g.bytes)) {
-      if (format == WeightFormat::kQ6_K) {
-        put_u16(r.data, at + 208, f32_to_f16(scale(gen)));
-      } else {
-        put_u16(r.data, at, f32_to_f16(scale(gen)));
-        if (format == WeightFormat::kQ4_K) put_u16(r.data, at + 2, f32_to_f16(scale(gen)));
-      }
-    }
-  }
-  r.w.data = r.data.data();
-  return r;
-}
-
+using testing::random_weight;
+using testing::RandomWeight;
 using testing::relative_error;
 
 struct FormatCase {
