@@ -1,0 +1,256 @@
+// Host side of the quantized matmul (qmatmul.h): uploads, argument checks, the choice between
+// the GEMV kernels and the dequantize + cuBLAS path, and the panel loop of the latter.
+#include "kernels/cuda/qmatmul.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/error.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/qmatmul/params.h"
+
+namespace turbokv::cuda {
+
+static_assert(kQuantGemvMaxRows == qmm::kGemvMaxRows);
+
+namespace {
+
+// The view as a host WeightMatrix (device pointers, never dereferenced on the host), so the
+// CPU side's shape and parameter checks apply unchanged.
+WeightMatrix as_weight_matrix(const QuantWeightsView& w) {
+  WeightMatrix m{DType::BF16, w.data, w.rows, w.cols};
+  m.format = w.format;
+  m.affine = AffineParams{w.scales, w.biases, w.scale_dtype, w.bits, w.group_size};
+  return m;
+}
+
+qmm::Kind kind_of(const QuantWeightsView& w) {
+  switch (w.format) {
+    case WeightFormat::kQ8_0:
+      return qmm::Kind::kQ8_0;
+    case WeightFormat::kQ4_0:
+      return qmm::Kind::kQ4_0;
+    case WeightFormat::kQ5_0:
+      return qmm::Kind::kQ5_0;
+    case WeightFormat::kQ4_K:
+      return qmm::Kind::kQ4_K;
+    case WeightFormat::kQ6_K:
+      return qmm::Kind::kQ6_K;
+    case WeightFormat::kAffine:
+      return w.bits == 2 ? qmm::Kind::kAffine2
+                         : (w.bits == 4 ? qmm::Kind::kAffine4 : qmm::Kind::kAffine8);
+    case WeightFormat::kDense:
+      break;
+  }
+  throw InvalidArgument("quantized matmul: the weights are dense (use the bf16/fp16/fp32 GEMM)");
+}
+
+bool aligned(const void* p, uintptr_t alignment) {
+  return reinterpret_cast<uintptr_t>(p) % alignment == 0;
+}
+
+// Shape, parameters and pointer alignment of w (qmatmul.h); returns the kernels' kind.
+qmm::Kind check_view(const QuantWeightsView& w, const char* what) {
+  check_weight_dtype(as_weight_matrix(w));
+  const qmm::Kind kind = kind_of(w);
+  if (w.rows < 0 || w.cols < 1) {
+    throw InvalidArgument(str_cat(what, ": weight shape [", w.rows, ", ", w.cols, "]"));
+  }
+  const uintptr_t need =
+      kind == qmm::Kind::kQ4_K || kind == qmm::Kind::kAffine4 || kind == qmm::Kind::kAffine8
+          ? 16
+          : (kind == qmm::Kind::kAffine2 ? 8 : 2);
+  if (w.data == nullptr || !aligned(w.data, need)) {
+    throw InvalidArgument(str_cat(what, ": ", weight_format_name(w.format),
+                                  " weight data must be a ", need, "-byte aligned device pointer"));
+  }
+  if (w.format == WeightFormat::kAffine && (w.scales == nullptr || w.biases == nullptr ||
+                                            !aligned(w.scales, 2) || !aligned(w.biases, 2))) {
+    throw InvalidArgument(str_cat(what,
+                                  ": MLX affine scales and biases must be 2-byte aligned "
+                                  "device pointers"));
+  }
+  return kind;
+}
+
+qmm::WeightArgs weight_args(const QuantWeightsView& w) {
+  qmm::WeightArgs a;
+  a.data = w.data;
+  a.scales = w.scales;
+  a.biases = w.biases;
+  a.rows = w.rows;
+  a.cols = w.cols;
+  a.row_bytes = w.row_bytes();
+  if (w.format == WeightFormat::kAffine) {
+    a.groups = w.cols / w.group_size;
+    a.group_shift = w.group_size == 32 ? 0 : (w.group_size == 64 ? 1 : 2);
+    a.scales_bf16 = w.scale_dtype == DType::BF16;
+  }
+  return a;
+}
+
+void check_cublas(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    throw Error(str_cat("cuBLAS ", what, " failed: ", cublasGetStatusString(status)));
+  }
+}
+
+void upload_bytes(DeviceBuffer<uint8_t>& dst, const uint8_t* src, size_t bytes) {
+  if (bytes > 0) TURBOKV_CUDA_CHECK(cudaMemcpy(dst.data(), src, bytes, cudaMemcpyHostToDevice));
+}
+
+}  // namespace
+
+int64_t QuantWeightsView::row_bytes() const {
+  return as_weight_matrix(*this).row_bytes();
+}
+
+QuantWeightsView QuantWeightsView::row_slice(int64_t begin, int64_t count) const {
+  if (begin < 0 || count < 0 || begin + count > rows) {
+    throw InvalidArgument(
+        str_cat("row_slice(", begin, ", ", count, ") of a matrix with ", rows, " rows"));
+  }
+  const WeightMatrix slice = as_weight_matrix(*this).row_slice(begin, count);
+  QuantWeightsView v = *this;
+  v.data = slice.data;
+  v.scales = slice.affine.scales;
+  v.biases = slice.affine.biases;
+  v.rows = count;
+  return v;
+}
+
+DeviceQuantMatrix upload_quant_matrix(const WeightMatrix& w) {
+  if (w.format == WeightFormat::kDense) {
+    throw InvalidArgument(str_cat("upload_quant_matrix: the ", dtype_name(w.dtype), " [", w.rows,
+                                  ", ", w.cols, "] matrix is dense, not quantized"));
+  }
+  check_weight_dtype(w);
+  DeviceQuantMatrix d;
+  QuantWeightsView& v = d.view;
+  v.format = w.format;
+  v.rows = w.rows;
+  v.cols = w.cols;
+  const size_t bytes = size_t(w.rows * w.row_bytes());
+  d.data = DeviceBuffer<uint8_t>(bytes + kQuantPadBytes);
+  upload_bytes(d.data, w.data, bytes);
+  TURBOKV_CUDA_CHECK(cudaMemset(d.data.data() + bytes, 0, kQuantPadBytes));
+  if (w.format == WeightFormat::kAffine) {
+    const size_t group_bytes = size_t(w.rows * (w.cols / w.affine.group_size) * 2);
+    d.scales = DeviceBuffer<uint8_t>(group_bytes);
+    d.biases = DeviceBuffer<uint8_t>(group_bytes);
+    upload_bytes(d.scales, w.affine.scales, group_bytes);
+    upload_bytes(d.biases, w.affine.biases, group_bytes);
+    v.scales = d.scales.data();
+    v.biases = d.biases.data();
+    v.scale_dtype = w.affine.scale_dtype;
+    v.bits = w.affine.bits;
+    v.group_size = w.affine.group_size;
+  }
+  v.data = d.data.data();
+  // Pageable copies and the memset may still run on the legacy stream: finish them here.
+  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  return d;
+}
+
+QuantScratch::QuantScratch(int64_t max_m, int64_t max_cols, int64_t panel_elems) {
+  if (max_m < 1 || max_cols < 1 || panel_elems < max_cols) {
+    throw InvalidArgument(str_cat("QuantScratch: max_m ", max_m, ", max_cols ", max_cols,
+                                  ", panel_elems ", panel_elems,
+                                  " (need max_m, max_cols >= 1 and panel_elems >= max_cols)"));
+  }
+  max_m_ = max_m;
+  max_cols_ = max_cols;
+  x_ = DeviceBuffer<__nv_bfloat16>(size_t(max_m * max_cols));
+  panel_ = DeviceBuffer<__nv_bfloat16>(size_t(panel_elems));
+}
+
+void quant_matmul(const QuantWeightsView& w, const float* x, int64_t m, float* y, int64_t ldy,
+                  QuantScratch& scratch, cublasHandle_t blas, cudaStream_t stream) {
+  const qmm::Kind kind = check_view(w, "quant_matmul");
+  if (m < 0 || ldy < w.rows) {
+    throw InvalidArgument(str_cat("quant_matmul: m ", m, ", ldy ", ldy, " for ", w.rows,
+                                  " output features (need m >= 0, ldy >= ", w.rows, ")"));
+  }
+  if (m == 0 || w.rows == 0) return;
+  if (x == nullptr || y == nullptr || !aligned(x, 16)) {
+    throw InvalidArgument("quant_matmul: x must be a 16-byte aligned device pointer, y non-null");
+  }
+  const qmm::WeightArgs wa = weight_args(w);
+  if (m <= kQuantGemvMaxRows) {
+    qmm::GemvArgs a;
+    a.w = wa;
+    a.x = x;
+    a.m = int(m);
+    a.y = y;
+    a.ldy = ldy;
+    a.chunk = qmm::gemv_chunk(w.cols, int(m));
+    qmm::launch_gemv(kind, a, stream);
+    return;
+  }
+  if (m > scratch.max_m() || w.cols > scratch.max_cols() || w.cols > scratch.panel_elems()) {
+    throw InvalidArgument(str_cat("quant_matmul: m ", m, " x cols ", w.cols,
+                                  " does not fit the scratch (max_m ", scratch.max_m(),
+                                  ", max_cols ", scratch.max_cols(), ", panel_elems ",
+                                  scratch.panel_elems(), ")"));
+  }
+  if (m > INT32_MAX || w.rows > INT32_MAX || w.cols > INT32_MAX || ldy > INT32_MAX) {
+    throw InvalidArgument(str_cat("quant_matmul: m ", m, ", rows ", w.rows, ", cols ", w.cols,
+                                  ", ldy ", ldy, " exceed cuBLAS's int range"));
+  }
+  if (blas == nullptr) {
+    throw InvalidArgument(
+        str_cat("quant_matmul: m ", m, " > ", kQuantGemvMaxRows, " needs a cuBLAS handle"));
+  }
+  cudaStream_t blas_stream = nullptr;
+  check_cublas(cublasGetStream(blas, &blas_stream), "cublasGetStream");
+  if (blas_stream != stream) {
+    throw InvalidArgument("quant_matmul: the cuBLAS handle is bound to another stream");
+  }
+  qmm::launch_to_bf16(x, m * w.cols, scratch.x_bf16(), stream);
+  const int64_t panel_rows = std::min(w.rows, scratch.panel_elems() / w.cols);
+  const float one = 1.0f, zero = 0.0f;
+  for (int64_t r0 = 0; r0 < w.rows; r0 += panel_rows) {
+    const int64_t n = std::min(panel_rows, w.rows - r0);
+    qmm::launch_dequant(kind, wa, r0, n, scratch.panel(), stream);
+    // Column-major view: yᵀ [n, m] (ld ldy) = panel [n, cols] (stored as its transpose,
+    // ld cols) · xᵀ [cols, m] (ld cols).
+    check_cublas(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(w.cols), &one,
+                              scratch.panel(), CUDA_R_16BF, int(w.cols), scratch.x_bf16(),
+                              CUDA_R_16BF, int(w.cols), &zero, y + r0, CUDA_R_32F, int(ldy),
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
+  }
+}
+
+void dequantize_to_bf16(const QuantWeightsView& w, int64_t row_begin, int64_t rows,
+                        __nv_bfloat16* out, cudaStream_t stream) {
+  const qmm::Kind kind = check_view(w, "dequantize_to_bf16");
+  if (row_begin < 0 || rows < 0 || row_begin + rows > w.rows) {
+    throw InvalidArgument(str_cat("dequantize_to_bf16: rows [", row_begin, ", ", row_begin + rows,
+                                  ") of a matrix with ", w.rows, " rows"));
+  }
+  if (rows == 0) return;
+  if (out == nullptr || !aligned(out, 16)) {
+    throw InvalidArgument("dequantize_to_bf16: out must be a 16-byte aligned device pointer");
+  }
+  qmm::launch_dequant(kind, weight_args(w), row_begin, rows, out, stream);
+}
+
+namespace qmm {
+
+int gemv_chunk(int64_t cols, int m) {
+  const int rows = m == 1 ? 1 : (m == 2 ? 2 : (m <= 4 ? 4 : 8));  // the kernel's M
+  const int max_chunk = kGemvStagedFloats / rows / 256 * 256;
+  return int(std::min<int64_t>(cols, max_chunk));
+}
+
+void launch_gemv(Kind kind, const GemvArgs& args, cudaStream_t stream) {
+  if (kind == Kind::kAffine2 || kind == Kind::kAffine4 || kind == Kind::kAffine8) {
+    return launch_gemv_affine(kind, args, stream);
+  }
+  launch_gemv_gguf(kind, args, stream);
+}
+
+}  // namespace qmm
+}  // namespace turbokv::cuda
