@@ -5,6 +5,9 @@
 //   - m > 8, bf16 panels + cuBLAS: against the same sums over w and x rounded to bf16,
 //     |y - ref_bf16| <= 2e-3 · Σ_k |w_nk x_ik| (fp32 accumulation on the tensor cores),
 //   - dequantize_to_bf16: every value equals bf16(reference value) bit for bit,
+//   - quant_gather_rows: equals gather_rows_ref bit for bit,
+//   - row slices and fused uploads (upload_quant_rows) compute what the whole matrix / the
+//     parts alone compute, bit for bit,
 // each output inside guard values that must stay untouched, and no NaN or Inf. Shapes cover
 // rows that do not fill the kernels' 16-row blocks, rows starting at every 2-byte alignment
 // (block counts that are not multiples of 8), and more columns than one GEMV pass stages.
@@ -77,6 +80,20 @@ float round_bf16(float v) {
   return bf16_to_f32(f32_to_bf16(v));
 }
 
+// Failed checks of one comparison: how many, and the first few described.
+class Mismatches {
+ public:
+  void add(const std::string& what) {
+    if (count_++ < 6) first_ << "\n  " << what;
+  }
+  int64_t count() const { return count_; }
+  std::string first() const { return first_.str(); }
+
+ private:
+  int64_t count_ = 0;
+  std::ostringstream first_;
+};
+
 struct Reference {
   std::vector<double> y;      // [m, rows]
   std::vector<double> bound;  // [m, rows] allowed |error|
@@ -107,8 +124,7 @@ Reference reference_product(const std::vector<float>& w, const std::vector<float
 void check_outputs(const std::string& what, const std::vector<float>& buffer, int64_t m,
                    int64_t rows, const Reference& ref) {
   const int64_t ldy = rows + kGuardFloats;
-  int64_t bad = 0;
-  std::ostringstream first;
+  Mismatches bad;
   for (size_t p = 0; p < buffer.size(); ++p) {
     const int64_t at = int64_t(p) - kGuardFloats;
     const bool output = at >= 0 && at / ldy < m && at % ldy < rows;
@@ -116,16 +132,14 @@ void check_outputs(const std::string& what, const std::vector<float>& buffer, in
       const int64_t i = at / ldy, n = at % ldy;
       const double want = ref.y[size_t(i * rows + n)], bound = ref.bound[size_t(i * rows + n)];
       const float got = buffer[p];
-      if (std::isfinite(got) && std::abs(double(got) - want) <= bound) continue;
-      if (bad++ < 6) {
-        first << "\n  y[" << i << ", " << n << "] = " << got << ", expected " << want << " +- "
-              << bound;
+      if (!(std::isfinite(got) && std::abs(double(got) - want) <= bound)) {
+        bad.add(str_cat("y[", i, ", ", n, "] = ", got, ", expected ", want, " +- ", bound));
       }
     } else if (float_bits(buffer[p]) != kGuardBits) {
-      if (bad++ < 6) first << "\n  guard float " << p << " overwritten with " << buffer[p];
+      bad.add(str_cat("guard float ", p, " overwritten with ", buffer[p]));
     }
   }
-  if (bad > 0) ADD_FAILURE() << what << ": " << bad << " bad values" << first.str();
+  if (bad.count() > 0) ADD_FAILURE() << what << ": " << bad.count() << " bad values" << bad.first();
 }
 
 struct Blas {
@@ -219,20 +233,18 @@ TEST_P(QuantMatmulTest, RowSliceMatchesFullMatrix) {
         DeviceBuffer<float>::upload(turbokv::testing::random_normal(size_t(m * s.cols), 78));
     const std::vector<float> full = run_product(device.view, x, m, none, blas);
     const std::vector<float> part = run_product(slice, x, m, none, blas);
-    int64_t bad = 0;
-    std::ostringstream first;
+    Mismatches bad;
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t n = 0; n < count; ++n) {
         const float a = full[size_t(kGuardFloats + i * (s.rows + kGuardFloats) + begin + n)];
         const float b = part[size_t(kGuardFloats + i * (count + kGuardFloats) + n)];
-        if (float_bits(a) == float_bits(b)) continue;
-        if (bad++ < 6) {
-          first << "\n  y[" << i << ", " << begin + n << "]: full " << a << ", slice " << b;
+        if (float_bits(a) != float_bits(b)) {
+          bad.add(str_cat("y[", i, ", ", begin + n, "]: full ", a, ", slice ", b));
         }
       }
     }
-    EXPECT_EQ(bad, 0) << describe(f, s) << " rows [" << begin << ", " << begin + count
-                      << ") m=" << m << first.str();
+    EXPECT_EQ(bad.count(), 0) << describe(f, s) << " rows [" << begin << ", " << begin + count
+                              << ") m=" << m << bad.first();
   }
   DeviceBuffer<uint16_t> from_full(size_t(count * s.cols)), from_slice(size_t(count * s.cols));
   dequantize_to_bf16(device, begin, count, reinterpret_cast<__nv_bfloat16*>(from_full.data()),
@@ -260,8 +272,7 @@ TEST_P(QuantMatmulTest, DequantizeToBf16EqualsReference) {
                          nullptr);
       TURBOKV_CUDA_CHECK(cudaStreamSynchronize(nullptr));
       const std::vector<uint16_t> got = out.download();
-      int64_t bad = 0;
-      std::ostringstream first;
+      Mismatches bad;
       for (size_t p = 0; p < got.size(); ++p) {
         const int64_t at = int64_t(p) - guard;
         uint16_t want = kGuardBf16;
@@ -270,15 +281,89 @@ TEST_P(QuantMatmulTest, DequantizeToBf16EqualsReference) {
           want = f32_to_bf16(w[size_t(begin * s.cols + at)]);
           where = str_cat("w[", begin + at / s.cols, ", ", at % s.cols, "]");
         }
-        if (got[p] == want) continue;
-        if (bad++ < 6) {
-          first << "\n  " << where << " = 0x" << std::hex << got[p] << ", expected 0x" << want
-                << std::dec;
-        }
+        if (got[p] != want) bad.add(str_cat(where, " = bf16 bits ", got[p], ", expected ", want));
       }
-      EXPECT_EQ(bad, 0) << describe(f, s) << " rows from " << begin << first.str();
+      EXPECT_EQ(bad.count(), 0) << describe(f, s) << " rows from " << begin << bad.first();
     }
   }
+}
+
+// Embedding lookups: rows by id (repeats, the last row) times a scale, bit for bit
+// gather_rows_ref; an id outside the matrix gives a NaN row and nothing else changes.
+TEST_P(QuantMatmulTest, GatherRowsEqualsReference) {
+  const FormatCase& f = GetParam();
+  const Shape s = shapes_for(f)[1];
+  const turbokv::testing::RandomWeight host = make_weight(f, s, 91);
+  const DeviceQuantMatrix device = upload_quant_matrix(host.w);
+  const int32_t last = int32_t(s.rows - 1), outside = int32_t(s.rows);
+  const std::vector<int32_t> ids = {3, 0, last, 3, 7, outside, 1};
+  const std::vector<int32_t> valid = {3, 0, last, 3, 7, 1};
+  const float scale = 1.7f;
+  std::vector<float> want(valid.size() * size_t(s.cols));
+  gather_rows_ref(host.w, valid.data(), int64_t(valid.size()), scale, want.data());
+  const int64_t n = int64_t(ids.size()), guard = 8;  // floats on each side (32 bytes)
+  DeviceBuffer<float> out = DeviceBuffer<float>::upload(
+      std::vector<float>(size_t(2 * guard + n * s.cols), bits_float(kGuardBits)));
+  const DeviceBuffer<int32_t> ids_device = DeviceBuffer<int32_t>::upload(ids);
+  quant_gather_rows(device, ids_device.data(), n, scale, out.data() + guard, nullptr);
+  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  const std::vector<float> got = out.download();
+  Mismatches bad;
+  for (size_t p = 0; p < got.size(); ++p) {
+    const int64_t at = int64_t(p) - guard;
+    bool ok;
+    std::string where;
+    if (at < 0 || at >= n * s.cols) {
+      ok = float_bits(got[p]) == kGuardBits;
+      where = str_cat("guard float ", p);
+    } else {
+      const int64_t i = at / s.cols, k = at % s.cols;
+      where = str_cat("out[", i, ", ", k, "] (id ", ids[size_t(i)], ")");
+      if (ids[size_t(i)] == outside) {
+        ok = std::isnan(got[p]);
+      } else {
+        const size_t j = size_t(i < 5 ? i : i - 1);  // row of `valid`
+        ok = float_bits(got[p]) == float_bits(want[j * size_t(s.cols) + size_t(k)]);
+      }
+    }
+    if (!ok) bad.add(str_cat(where, " = ", got[p]));
+  }
+  EXPECT_EQ(bad.count(), 0) << describe(f, s) << bad.first();
+}
+
+// Parts uploaded as one matrix (a fused q|k|v) compute exactly what they compute alone.
+TEST_P(QuantMatmulTest, FusedUploadMatchesParts) {
+  const FormatCase& f = GetParam();
+  const Blas blas;
+  const int64_t cols = shapes_for(f)[1].cols;
+  const turbokv::testing::RandomWeight a = make_weight(f, {5, cols}, 201);
+  const turbokv::testing::RandomWeight b = make_weight(f, {3, cols}, 202);
+  const turbokv::testing::RandomWeight c = make_weight(f, {9, cols}, 203);
+  const DeviceQuantMatrix fused = upload_quant_rows({&a.w, &b.w, &c.w});
+  ASSERT_EQ(fused.view.rows, 17);
+  QuantScratch none;
+  const int64_t m = 3;
+  const DeviceBuffer<float> x =
+      DeviceBuffer<float>::upload(turbokv::testing::random_normal(size_t(m * cols), 204));
+  const std::vector<float> all = run_product(fused.view, x, m, none, blas);
+  int64_t offset = 0;
+  Mismatches bad;
+  for (const turbokv::testing::RandomWeight* part : {&a, &b, &c}) {
+    const DeviceQuantMatrix alone = upload_quant_matrix(part->w);
+    const std::vector<float> y = run_product(alone.view, x, m, none, blas);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t n = 0; n < part->w.rows; ++n) {
+        const float want = y[size_t(kGuardFloats + i * (part->w.rows + kGuardFloats) + n)];
+        const float got = all[size_t(kGuardFloats + i * (17 + kGuardFloats) + offset + n)];
+        if (float_bits(want) != float_bits(got)) {
+          bad.add(str_cat("y[", i, ", ", offset + n, "] = ", got, ", alone ", want));
+        }
+      }
+    }
+    offset += part->w.rows;
+  }
+  EXPECT_EQ(bad.count(), 0) << f.name << " [17, " << cols << "] from parts of 5, 3, 9 rows"
+                            << bad.first();
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, QuantMatmulTest, ::testing::ValuesIn(kFormats),
@@ -326,8 +411,20 @@ TEST(QuantMatmulArgs, RejectedBeforeLaunch) {
   EXPECT_THROW(dequantize_to_bf16(w, 0, 2, out + 1, nullptr), InvalidArgument);  // misaligned
   EXPECT_THROW(w.row_slice(3, 2), InvalidArgument);
   const std::vector<uint8_t> dense_bytes(64 * 4 * 2);
-  EXPECT_THROW(upload_quant_matrix(WeightMatrix(DType::BF16, dense_bytes.data(), 4, 64)),
-               InvalidArgument);
+  const WeightMatrix dense(DType::BF16, dense_bytes.data(), 4, 64);
+  EXPECT_THROW(upload_quant_matrix(dense), InvalidArgument);
+  const turbokv::testing::RandomWeight q4 =
+      turbokv::testing::random_weight(WeightFormat::kQ4_0, 0, 4, 64, 1);
+  const turbokv::testing::RandomWeight q8 =
+      turbokv::testing::random_weight(WeightFormat::kQ8_0, 0, 4, 64, 1);
+  const turbokv::testing::RandomWeight wide =
+      turbokv::testing::random_weight(WeightFormat::kQ4_0, 0, 4, 96, 1);
+  EXPECT_THROW(upload_quant_rows({&q4.w, &q8.w}), InvalidArgument);    // formats differ
+  EXPECT_THROW(upload_quant_rows({&q4.w, &wide.w}), InvalidArgument);  // cols differ
+  EXPECT_THROW(upload_quant_rows({}), InvalidArgument);
+  const auto* ids = reinterpret_cast<const int32_t*>(fake);
+  EXPECT_THROW(quant_gather_rows(w, ids, -1, 1.0f, y, nullptr), InvalidArgument);
+  EXPECT_THROW(quant_gather_rows(w, ids, 2, 1.0f, y + 1, nullptr), InvalidArgument);
 }
 
 }  // namespace

@@ -96,8 +96,10 @@ void check_cublas(cublasStatus_t status, const char* what) {
   }
 }
 
-void upload_bytes(DeviceBuffer<uint8_t>& dst, const uint8_t* src, size_t bytes) {
-  if (bytes > 0) TURBOKV_CUDA_CHECK(cudaMemcpy(dst.data(), src, bytes, cudaMemcpyHostToDevice));
+void upload_bytes(DeviceBuffer<uint8_t>& dst, size_t at, const uint8_t* src, size_t bytes) {
+  if (bytes > 0) {
+    TURBOKV_CUDA_CHECK(cudaMemcpy(dst.data() + at, src, bytes, cudaMemcpyHostToDevice));
+  }
 }
 
 }  // namespace
@@ -120,34 +122,65 @@ QuantWeightsView QuantWeightsView::row_slice(int64_t begin, int64_t count) const
   return v;
 }
 
+bool same_quant_layout(const WeightMatrix& a, const WeightMatrix& b) {
+  if (a.format != b.format || a.cols != b.cols) return false;
+  if (a.format != WeightFormat::kAffine) return true;
+  return a.affine.bits == b.affine.bits && a.affine.group_size == b.affine.group_size &&
+         a.affine.scale_dtype == b.affine.scale_dtype;
+}
+
 DeviceQuantMatrix upload_quant_matrix(const WeightMatrix& w) {
-  if (w.format == WeightFormat::kDense) {
-    throw InvalidArgument(str_cat("upload_quant_matrix: the ", dtype_name(w.dtype), " [", w.rows,
-                                  ", ", w.cols, "] matrix is dense, not quantized"));
+  return upload_quant_rows({&w});
+}
+
+DeviceQuantMatrix upload_quant_rows(std::initializer_list<const WeightMatrix*> parts) {
+  if (parts.size() == 0) throw InvalidArgument("upload_quant_rows: no matrices");
+  const WeightMatrix& first = **parts.begin();
+  int64_t rows = 0;
+  for (const WeightMatrix* p : parts) {
+    if (p->format == WeightFormat::kDense) {
+      throw InvalidArgument(str_cat("upload_quant_rows: the ", dtype_name(p->dtype), " [", p->rows,
+                                    ", ", p->cols, "] matrix is dense, not quantized"));
+    }
+    check_weight_dtype(*p);
+    if (!same_quant_layout(first, *p)) {
+      throw InvalidArgument(str_cat("upload_quant_rows: a ", weight_format_name(p->format), " [",
+                                    p->rows, ", ", p->cols, "] part does not match the first ",
+                                    weight_format_name(first.format), " [", first.rows, ", ",
+                                    first.cols, "] one (format, cols, bits, group size)"));
+    }
+    rows += p->rows;
   }
-  check_weight_dtype(w);
   DeviceQuantMatrix d;
   QuantWeightsView& v = d.view;
-  v.format = w.format;
-  v.rows = w.rows;
-  v.cols = w.cols;
-  const size_t bytes = size_t(w.rows * w.row_bytes());
-  d.data = DeviceBuffer<uint8_t>(bytes + kQuantPadBytes);
-  upload_bytes(d.data, w.data, bytes);
-  TURBOKV_CUDA_CHECK(cudaMemset(d.data.data() + bytes, 0, kQuantPadBytes));
-  if (w.format == WeightFormat::kAffine) {
-    const size_t group_bytes = size_t(w.rows * (w.cols / w.affine.group_size) * 2);
-    d.scales = DeviceBuffer<uint8_t>(group_bytes);
-    d.biases = DeviceBuffer<uint8_t>(group_bytes);
-    upload_bytes(d.scales, w.affine.scales, group_bytes);
-    upload_bytes(d.biases, w.affine.biases, group_bytes);
+  v.format = first.format;
+  v.rows = rows;
+  v.cols = first.cols;
+  const size_t row_bytes = size_t(first.row_bytes());
+  d.data = DeviceBuffer<uint8_t>(size_t(rows) * row_bytes + kQuantPadBytes);
+  size_t at = 0;
+  for (const WeightMatrix* p : parts) {
+    upload_bytes(d.data, at, p->data, size_t(p->rows) * row_bytes);
+    at += size_t(p->rows) * row_bytes;
+  }
+  TURBOKV_CUDA_CHECK(cudaMemset(d.data.data() + at, 0, kQuantPadBytes));
+  v.data = d.data.data();
+  if (first.format == WeightFormat::kAffine) {
+    const size_t group_bytes = size_t(first.cols / first.affine.group_size) * 2;  // per row
+    d.scales = DeviceBuffer<uint8_t>(size_t(rows) * group_bytes);
+    d.biases = DeviceBuffer<uint8_t>(size_t(rows) * group_bytes);
+    at = 0;
+    for (const WeightMatrix* p : parts) {
+      upload_bytes(d.scales, at, p->affine.scales, size_t(p->rows) * group_bytes);
+      upload_bytes(d.biases, at, p->affine.biases, size_t(p->rows) * group_bytes);
+      at += size_t(p->rows) * group_bytes;
+    }
     v.scales = d.scales.data();
     v.biases = d.biases.data();
-    v.scale_dtype = w.affine.scale_dtype;
-    v.bits = w.affine.bits;
-    v.group_size = w.affine.group_size;
+    v.scale_dtype = first.affine.scale_dtype;
+    v.bits = first.affine.bits;
+    v.group_size = first.affine.group_size;
   }
-  v.data = d.data.data();
   // Pageable copies and the memset may still run on the legacy stream: finish them here.
   TURBOKV_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   return d;
@@ -235,6 +268,17 @@ void dequantize_to_bf16(const QuantWeightsView& w, int64_t row_begin, int64_t ro
     throw InvalidArgument("dequantize_to_bf16: out must be a 16-byte aligned device pointer");
   }
   qmm::launch_dequant(kind, weight_args(w), row_begin, rows, out, stream);
+}
+
+void quant_gather_rows(const QuantWeightsView& w, const int32_t* ids, int64_t n, float scale,
+                       float* out, cudaStream_t stream) {
+  const qmm::Kind kind = check_view(w, "quant_gather_rows");
+  if (n < 0) throw InvalidArgument(str_cat("quant_gather_rows: n ", n));
+  if (n == 0) return;
+  if (ids == nullptr || out == nullptr || !aligned(out, 16)) {
+    throw InvalidArgument("quant_gather_rows: ids and a 16-byte aligned out device pointer needed");
+  }
+  qmm::launch_gather(kind, weight_args(w), ids, n, scale, out, stream);
 }
 
 namespace qmm {

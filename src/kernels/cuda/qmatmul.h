@@ -10,6 +10,7 @@
 //       QuantScratch, x narrowed to bf16, and cuBLAS (bf16 x bf16, fp32 accumulation).
 //   dequantize_to_bf16: the weights as bf16, equal bit for bit to rounding
 //       dequantize_rows_ref's fp32 values.
+//   quant_gather_rows: rows picked by token id, in fp32 (embedding lookups).
 // All pointers are device pointers; work is queued on `stream` (the cuBLAS handle must be
 // bound to the same stream).
 #pragma once
@@ -19,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/cpu/qweights.h"
 #include "kernels/cuda/device_buffer.h"
@@ -63,6 +65,11 @@ struct DeviceQuantMatrix {
 // Copies w's bytes to the device (complete when it returns). Throws InvalidArgument for a
 // dense matrix and for shapes, bits or group sizes check_weight_dtype rejects.
 DeviceQuantMatrix upload_quant_matrix(const WeightMatrix& w);
+// The row-wise concatenation of parts as one matrix (q, k and v of a layer, or gate and up,
+// for one fused product): they must share format, cols and the MLX bits, group size and
+// scale dtype (same_quant_layout), else InvalidArgument names the first part that differs.
+DeviceQuantMatrix upload_quant_rows(std::initializer_list<const WeightMatrix*> parts);
+bool same_quant_layout(const WeightMatrix& a, const WeightMatrix& b);
 
 // Device memory of the prefill path: x narrowed to bf16 and one panel of dequantized rows.
 // A default-constructed scratch holds nothing and serves products with m <= kQuantGemvMaxRows.
@@ -97,6 +104,16 @@ inline void quant_matmul(const DeviceQuantMatrix& w, const float* x, int64_t m, 
                          int64_t ldy, QuantScratch& scratch, cublasHandle_t blas,
                          cudaStream_t stream) {
   quant_matmul(w.view, x, m, y, ldy, scratch, blas, stream);
+}
+
+// out [n, w.cols] fp32 = scale * dequant(w)[ids[i], :] for i < n, an embedding lookup equal to
+// gather_rows_ref. ids [n] on the device, checked by the caller (check_gather_rows): the row
+// of an id outside [0, w.rows) comes out NaN. out 16-byte aligned.
+void quant_gather_rows(const QuantWeightsView& w, const int32_t* ids, int64_t n, float scale,
+                       float* out, cudaStream_t stream);
+inline void quant_gather_rows(const DeviceQuantMatrix& w, const int32_t* ids, int64_t n,
+                              float scale, float* out, cudaStream_t stream) {
+  quant_gather_rows(w.view, ids, n, scale, out, stream);
 }
 
 // out [rows, w.cols] = rows [row_begin, row_begin + rows) of w as bf16 (out 16-byte aligned).

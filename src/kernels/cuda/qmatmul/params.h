@@ -50,6 +50,10 @@ void launch_gemv_affine(Kind kind, const GemvArgs& args, cudaStream_t stream);
 // out [rows, cols] = rows [row_begin, row_begin + rows) of w as bf16 (dequant.cu).
 void launch_dequant(Kind kind, const WeightArgs& w, int64_t row_begin, int64_t rows,
                     __nv_bfloat16* out, cudaStream_t stream);
+// out [n, cols] fp32 = scale * rows ids[0..n) of w; rows of ids outside [0, rows) are NaN
+// (dequant.cu).
+void launch_gather(Kind kind, const WeightArgs& w, const int32_t* ids, int64_t n, float scale,
+                   float* out, cudaStream_t stream);
 // out[i] = bf16(x[i]), round to nearest even (dequant.cu).
 void launch_to_bf16(const float* x, int64_t n, __nv_bfloat16* out, cudaStream_t stream);
 
