@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 
 #include "core/error.h"
+#include "kernels/cuda/codec_ops.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/tq_layout.h"
 #include "kernels/cuda/tq_quantize.h"
@@ -15,26 +16,11 @@ namespace {
 using L = TQ35Layout;
 constexpr int kWarpsPerBlock = 4;
 
-// Σ v_i² with 8 interleaved partial sums (i ascending), then the fixed tree of codec_mse.h.
-// scratch: this warp's [128] floats.
+// Σ v_i² in the order of quant/codec_mse.h. scratch: this warp's [128] floats.
 __device__ float sum_squares(const float (&v)[4], float* scratch, int lane) {
   for (int j = 0; j < 4; ++j) scratch[4 * lane + j] = __fmul_rn(v[j], v[j]);
   __syncwarp();
-  float p = 0.0f;
-  if (lane < 8) {
-    for (int i = lane; i < L::kHeadDim; i += 8) p = __fadd_rn(p, scratch[i]);
-  }
-  float part[8];
-  for (int k = 0; k < 8; ++k) part[k] = __shfl_sync(0xffffffffu, p, k);
-  __syncwarp();
-  return __fadd_rn(__fadd_rn(__fadd_rn(part[0], part[4]), __fadd_rn(part[2], part[6])),
-                   __fadd_rn(__fadd_rn(part[1], part[5]), __fadd_rn(part[3], part[7])));
-}
-
-// core/half.h f32_to_f16: IEEE round to nearest even; NaN -> sign | 0x7e00.
-__device__ uint16_t to_f16_bits(float x) {
-  if (isnan(x)) return uint16_t(((__float_as_uint(x) >> 16) & 0x8000u) | 0x7e00u);
-  return __half_as_ushort(__float2half_rn(x));
+  return ordered_sum(scratch, L::kHeadDim, lane);
 }
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
