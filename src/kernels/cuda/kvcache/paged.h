@@ -5,7 +5,8 @@
 // sequence lists the blocks' device addresses; entries past the sequence's blocks point at a
 // zero-filled block of the same format (so a kernel may read ahead without a bounds check).
 // Blocks come from a shared pool (kv/device_pool.h), so one long sequence and many short ones
-// share one budget, and a block can be shared by several sequences (prefix caching).
+// share one budget, and a block can be shared by several sequences (prefix caching). Every
+// block starts at a multiple of 16 B (the kernels copy 16-B chunks of it).
 //
 // Block layouts (row-major; every section starts at a multiple of 16 B):
 //   kDense (T = float, __half or __nv_bfloat16):
@@ -22,6 +23,20 @@
 //     [kv_heads][kBlockTokens / 32 tiles][3712 B]
 // So a token's codes and norms are byte-identical to the CPU cache's rows (tq_layout.h
 // converts the fused format), and save/load goes through the CPU caches' file records.
+//
+// Kernels (kvcache/formats.h builds the formats from the CPU codecs):
+//   paged_append     one warp per (row, KV head, K or V) vector; writes only that vector's
+//                    bytes (codes, norms / params, elements), so appends to different tokens
+//                    of one block may run in any order.
+//   paged_attention  two launches on the stream: the split-K pass (one block per query-row
+//                    group of 4 head-rows, KV head, sequence and split of the keys) writes
+//                    per-split partials into the workspace, the merge pass combines them,
+//                    takes TurboQuant rows back from the rotated frame and writes out. fp32
+//                    arithmetic throughout (scores on the codes, no dequantized copy).
+//                    TurboQuant formats whose key and value codecs are single-segment with
+//                    bits in {2, 3, 4} and head_dim 64, 128 or 256 take compile-time kernels;
+//                    split codecs, other bits or dims, uniform and dense formats a
+//                    runtime-generic kernel of the same structure.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -43,7 +58,7 @@ enum class DenseElem : uint8_t { kF32, kF16, kBF16 };
 struct DenseFormat {
   DenseElem elem = DenseElem::kF16;
   int kv_heads = 0;
-  int head_dim = 0;
+  int head_dim = 0;  // 1..256
 };
 
 // One segment of a TurboQuant vector: an MSE codec over `dim` of the vector's channels. An
@@ -52,19 +67,20 @@ struct DenseFormat {
 // Operation order of the quantize kernel: quant/codec_mse.h and quant/rotation.h, bit for bit.
 struct TQSegment {
   int dim = 0;
-  int bits = 0;          // 1..8
-  int code_offset = 0;   // byte offset of the segment's codes inside the vector's codes
-  int norm_index = 0;    // which of the vector's fp16 norms is this segment's
+  int bits = 0;         // 1..8
+  int code_offset = 0;  // byte offset of the segment's codes inside the vector's codes
+  int norm_index = 0;   // which of the vector's fp16 norms is this segment's
   int norm_correction = 1;
-  int hadamard = 0;      // 1: randomized Hadamard (dim a power of two), else a dense matrix
-  float hadamard_scale = 0;      // float(1 / sqrt(dim))
+  int hadamard = 0;          // 1: randomized Hadamard (dim a power of two), else a dense matrix
+  float hadamard_scale = 0;  // float(1 / sqrt(dim))
   const uint32_t* sign_words = nullptr;  // [ceil(dim / 32)] bit i: channel i flips (Hadamard)
   const float* rotation = nullptr;       // [dim, dim] row-major R (dense), y = R u
   const float* rotation_t = nullptr;     // [dim, dim] R^T (dense)
   const float* centroids = nullptr;      // [2^bits]
   const float* boundaries = nullptr;     // [2^bits - 1]
   // Segment coordinate i of KV head h is channel order[h * head_dim + channel_offset + i] of
-  // the vector (TQSequenceState::*_order; identity when that is null).
+  // the vector (TQSequenceState::*_order; channel channel_offset + i when that is null).
+  // channel_offset is the dims of the segments before this one.
   int channel_offset = 0;
 };
 
@@ -77,12 +93,13 @@ struct TQTensorFormat {
 
 // State a TurboQuant cache fixes from the first chunk it sees, per sequence (device pointers,
 // nullptr = none). The kernels take one per sequence of the batch: `const TQSequenceState*
-// states` [batch] in device memory.
+// states` [batch] in device memory (states == nullptr: every field null for every sequence).
 //  - *_order [kv_heads, head_dim]: the split codec's channel order per KV head (high channels
 //    first); null for integer bits (natural order).
 //  - *_mean [kv_heads, head_dim] fp16: centering; the coded vector is x - float(mean) (fp32
-//    subtraction), and attention adds float(value_mean) to the output (softmax ignores the
-//    key mean's constant score shift).
+//    subtraction). Attention adds float(value_mean) to the output and <q, float(key_mean)> to
+//    every raw score of the query (a constant shift: the softmax is unchanged, except under a
+//    soft-cap, and the log-sum-exp output includes it), so it attends over codes + mean.
 struct TQSequenceState {
   const int* key_order = nullptr;
   const int* value_order = nullptr;
@@ -92,7 +109,7 @@ struct TQSequenceState {
 
 struct TQFormat {
   int kv_heads = 0;
-  int head_dim = 0;
+  int head_dim = 0;           // 2..256
   TQTensorFormat key, value;  // all pointers are device pointers
 };
 
@@ -105,16 +122,18 @@ struct UniformTensorFormat {
 
 struct UniformFormat {
   int kv_heads = 0;
-  int head_dim = 0;
+  int head_dim = 0;  // 1..256
   UniformTensorFormat key, value;
 };
 
 // Bytes of one block and the offsets of its sections.
 struct BlockGeometry {
   size_t block_bytes = 0;
-  size_t k_offset = 0, v_offset = 0;            // codes or elements
-  size_t k_aux_offset = 0, v_aux_offset = 0;    // norms (TurboQuant) or params (uniform)
+  size_t k_offset = 0, v_offset = 0;          // codes or elements
+  size_t k_aux_offset = 0, v_aux_offset = 0;  // norms (TurboQuant) or params (uniform); dense: 0
 };
+// Throw InvalidArgument for a format the kernels do not take (naming the field and what is
+// allowed): the same checks as paged_append / paged_attention.
 BlockGeometry block_geometry(const DenseFormat& f);
 BlockGeometry block_geometry(const TQFormat& f);
 BlockGeometry block_geometry(const UniformFormat& f);
@@ -124,16 +143,20 @@ BlockGeometry block_geometry_tq35(int kv_heads);
 // The sequences of one call.
 
 struct PagedBatch {
-  const uint8_t* const* block_table = nullptr;  // [batch, table_stride] (device)
+  // [batch, table_stride] (device); paged_append writes through these pointers.
+  const uint8_t* const* block_table = nullptr;
   int table_stride = 0;
   const int* seq_len = nullptr;  // [batch] tokens in each cache after this step's append (device)
   int batch = 0;
-  // Host-side bound on seq_len (sizes the split grid). For a CUDA graph, the capacity the
-  // graph was captured for: blocks past a sequence's length return at once.
+  // Host-side bound on seq_len (sizes the split grid), at most table_stride * kBlockTokens. For
+  // a CUDA graph, the capacity the graph was captured for: blocks past a sequence's length
+  // return at once. A seq_len above it is attended only up to the planned splits.
   int max_len = 0;
 };
 
 // Rows of new keys and values: row r belongs to sequence row_seq[r] at position row_pos[r].
+// Rows with row_seq outside [0, batch) (e.g. -1: padding of a captured batch) or row_pos
+// outside [0, table_stride * kBlockTokens) are skipped.
 struct AppendRows {
   const float* k = nullptr;      // [rows, kv_heads, head_dim] (device)
   const float* v = nullptr;      // [rows, kv_heads, head_dim] (device)
@@ -144,25 +167,34 @@ struct AppendRows {
 
 // Queries of one call: sequence b's queries are rows q_start[b] .. q_start[b + 1] - 1 of q and
 // out, at its last n_q(b) positions (query i sees tokens < seq_len[b] - n_q(b) + i + 1).
+// n_q(b) may be 0; queries past max_n_q of a sequence are neither read nor written.
 struct QueryRows {
   const float* q = nullptr;      // [rows, n_heads, head_dim] (device)
   float* out = nullptr;          // [rows, n_heads, head_dim] (device)
   const int* q_start = nullptr;  // [batch + 1] (device)
   int max_n_q = 0;               // host-side max over the batch of n_q(b)
+  // Optional [rows, n_heads] (device): each row's log-sum-exp of its scores (natural log, after
+  // scale and soft-cap; -inf for a row that saw no key), to merge with attention over other
+  // keys (e.g. uncoded sink tokens) by log-sum-exp weights.
+  float* lse = nullptr;
 };
 
 struct AttentionOptions {
-  int n_heads = 0;           // a positive multiple of kv_heads (GQA)
-  float scale = 0;           // score = scale * <q, k>
-  float logit_softcap = 0;   // > 0: score = cap * tanh(score / cap)
-  int sliding_window = 0;    // > 0: a query at p sees keys in (p - W, p]
+  int n_heads = 0;          // a positive multiple of kv_heads (GQA)
+  float scale = 0;          // score = scale * <q, k>
+  float logit_softcap = 0;  // > 0: score = cap * tanh(score / cap)
+  int sliding_window = 0;   // > 0: a query at p sees keys in (p - W, p]
+  // Splits of the keys: 0 plans enough to fill the device; n > 0 asks for n (clamped to the
+  // number of 128-token chunks of max_len; the results are the same up to float rounding).
+  int splits = 0;
 };
 
 // Scratch of an attention call: split partials. Size it with paged_attention_workspace_bytes
-// (depends on the batch, rows, heads and max_len); no zero-fill needed.
+// (depends on the batch, max_n_q, heads, head_dim, max_len, splits and the device's SM count);
+// no zero-fill needed, 256-B alignment suffices (cudaMalloc's). Calls sharing a workspace must
+// run one after the other (one stream).
 size_t paged_attention_workspace_bytes(const PagedBatch& batch, const QueryRows& queries,
-                                       const AttentionOptions& options, int kv_heads,
-                                       int head_dim);
+                                       const AttentionOptions& options, int kv_heads, int head_dim);
 
 // Writers: quantize (or convert) the rows into their blocks. Codes and norms are bit-identical
 // to the CPU codecs (quant/), dense elements are rounded like core/half.h. Throw
@@ -176,6 +208,7 @@ void paged_append(const UniformFormat& f, const PagedBatch& b, const AppendRows&
 
 // Attention over the blocks (decode and prefill over a cached past; causal, sliding window,
 // soft-cap, GQA), split over the sequence with an online-softmax merge. out may not alias q.
+// A query that sees no key gets a zero row.
 void paged_attention(const DenseFormat& f, const PagedBatch& b, const QueryRows& q,
                      const AttentionOptions& o, void* workspace, size_t workspace_bytes,
                      cudaStream_t stream);

@@ -1,0 +1,11 @@
+// Split pass of paged attention: the compile-time TurboQuant kernels of head_dim 128.
+#include "kernels/cuda/kvcache/attention_fixed.cuh"
+
+namespace turbokv::cuda::paged {
+
+bool launch_tq_attention_d128(const AttnArgs& a, const TQFormat& f, const TQSequenceState* states,
+                              cudaStream_t stream) {
+  return launch_fixed<128>(a, f, states, stream);
+}
+
+}  // namespace turbokv::cuda::paged
