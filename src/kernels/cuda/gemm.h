@@ -24,6 +24,7 @@ class Gemm {
   // elem; y fp32.
   void run(const void* x, const void* w, Elem elem, int64_t m, int64_t n, int64_t k, float* y,
            int64_t ldy, bool accumulate = false) const;
+  cublasHandle_t handle() const { return handle_; }  // bound to the stream
 
  private:
   cublasHandle_t handle_ = nullptr;

@@ -12,6 +12,7 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/qmatmul.h"
 #include "model/rope_scaling.h"
 
 namespace turbokv::cuda {
@@ -31,32 +32,59 @@ Elem elem_of(DType d) {
                             " have no GPU path (F32, F16, BF16 are supported)"));
 }
 
-// A weight matrix on the GPU in its stored element type: [rows, cols].
+// A weight matrix on the GPU as stored: dense elements of elem [rows, cols], or quantized
+// blocks (MLX affine, GGUF) in one or more row ranges (q, k and v of different GGUF types).
 struct DeviceMatrix {
-  DeviceBuffer<uint8_t> data;
+  DeviceBuffer<uint8_t> data;  // dense only
   Elem elem = Elem::kF32;
   int64_t rows = 0, cols = 0;
+  std::vector<std::pair<int64_t, DeviceQuantMatrix>> quant;  // (first row, part)
+  bool quantized() const { return !quant.empty(); }
   const void* ptr() const { return data.data(); }
 };
 
-// Uploads the row-wise concatenation of parts (same cols and dtype; e.g. q, k, v).
+// Uploads the row-wise concatenation of parts (same cols; e.g. q, k, v): one dense buffer when
+// every part is dense of one dtype, quantized parts (fused where their layouts match) otherwise.
 DeviceMatrix upload_rows(std::initializer_list<const WeightMatrix*> parts, size_t* total) {
   DeviceMatrix m;
   const WeightMatrix& first = **parts.begin();
-  for (const WeightMatrix* p : parts) {
-    if (p->format != WeightFormat::kDense) {
-      throw Unsupported("--device cuda: quantized weights (GGUF, MLX) have no GPU path yet; use "
-                        "--device cpu");
-    }
-  }
-  m.elem = elem_of(first.dtype);
   m.cols = first.cols;
+  bool dense = true;
   for (const WeightMatrix* p : parts) {
-    if (p->cols != m.cols || p->dtype != first.dtype) {
-      throw Unsupported("--device cuda: fused projections need one dtype and width");
-    }
+    if (p->cols != m.cols) throw Unsupported("--device cuda: fused projections of other widths");
+    dense = dense && p->format == WeightFormat::kDense;
     m.rows += p->rows;
   }
+  if (!dense) {
+    int64_t row = 0;
+    std::vector<const WeightMatrix*> group;
+    auto flush = [&] {
+      if (group.empty()) return;
+      int64_t rows = 0;
+      for (const WeightMatrix* g : group) rows += g->rows;
+      DeviceQuantMatrix q =
+          group.size() == 1   ? upload_quant_matrix(*group[0])
+          : group.size() == 2 ? upload_quant_rows({group[0], group[1]})
+                              : upload_quant_rows({group[0], group[1], group[2]});
+      *total += size_t(q.view.rows * q.view.row_bytes());
+      m.quant.emplace_back(row - rows, std::move(q));
+      group.clear();
+    };
+    for (const WeightMatrix* p : parts) {
+      if (p->format == WeightFormat::kDense) {
+        throw Unsupported("--device cuda: a fused projection mixing quantized and dense parts");
+      }
+      if (!group.empty() && !same_quant_layout(*group.front(), *p)) flush();
+      group.push_back(p);
+      row += p->rows;
+    }
+    flush();
+    return m;
+  }
+  for (const WeightMatrix* p : parts) {
+    if (p->dtype != first.dtype) throw Unsupported("--device cuda: fused projections of mixed dtypes");
+  }
+  m.elem = elem_of(first.dtype);
   const size_t row_bytes = size_t(m.cols) * elem_bytes(m.elem);
   m.data = DeviceBuffer<uint8_t>(size_t(m.rows) * row_bytes);
   size_t offset = 0;
@@ -340,7 +368,19 @@ struct CudaDecoderModel::Impl {
   // (page-locked), queued.
   void enqueue_logits(const ModelConfig& c, const int32_t* d_rows, int64_t n, float* host_out);
 
+  // y [m, w.rows] (row stride ldy) = x · wᵀ. x32: the input in fp32 (what quantized weights
+  // read; may be null for dense weights when xn is given); xn: the input already narrowed to
+  // w.elem (dense weights), or null to narrow x32 here.
+  void linear(const DeviceMatrix& w, const float* x32, const void* xn, int64_t m, float* y,
+              int64_t ldy);
+  // RMSNorm of x [T, H] for the input of w: {fp32 rows, rows narrowed to w.elem} (one of them
+  // null), written to norm32 or narrow.
+  std::pair<const float*, const void*> norm_for(const DeviceMatrix& w, const float* x, int64_t T,
+                                                int64_t H, const float* weight, float eps);
+
   int heads = 0, kv_heads = 0, head_dim = 0;
+  QuantScratch qscratch;        // quantized prefill GEMMs (empty for dense models)
+  DeviceBuffer<float> act32;    // [T, I]: the MLP activation for quantized down projections
 };
 
 std::string cuda_unsupported_reason(const ModelConfig& c) {
@@ -439,6 +479,9 @@ CudaDecoderModel::CudaDecoderModel(std::unique_ptr<DecoderModel> host,
       d.moe = true;
       d.router = upload_rows({&L.moe->router}, &total);
       for (const MlpWeights& e : L.moe->experts) d.experts.push_back(upload_mlp(e, &total));
+      if (d.router.quantized() || d.experts.front().gate_up.quantized()) {
+        throw Unsupported("--device cuda: quantized MoE experts have no GPU path yet");
+      }
       d.top_k = L.moe->top_k;
       d.norm_topk = L.moe->norm_topk_prob;
     } else {
@@ -480,6 +523,15 @@ CudaDecoderModel::CudaDecoderModel(std::unique_ptr<DecoderModel> host,
   m.gate_up = DeviceBuffer<float>(size_t(T * 2 * std::max<int64_t>(inter, 1)));
   m.mlp_out = DeviceBuffer<float>(size_t(T * H));
   m.narrow = DeviceBuffer<uint8_t>(size_t(T * widest) * 4);
+  bool any_quantized = m.embed.quantized() || m.lm_head->quantized();
+  for (const DeviceLayer& d : m.layers) {
+    any_quantized = any_quantized || d.qkv.quantized() || d.o.quantized() ||
+                    d.mlp.gate_up.quantized() || d.mlp.down.quantized();
+  }
+  if (any_quantized) {
+    m.qscratch = QuantScratch(T, widest);
+    m.act32 = DeviceBuffer<float>(size_t(T * std::max<int64_t>(inter, 1)));
+  }
   m.logits = DeviceBuffer<float>(size_t(kLogitRows) * c.vocab_size);
   m.host_logits = PinnedBuffer<float>(size_t(kLogitRows) * c.vocab_size);
   if (c.num_experts > 0) {
@@ -676,13 +728,43 @@ void CudaDecoderModel::Impl::enqueue_attention(const std::vector<StepSlice>& ord
   }
 }
 
+void CudaDecoderModel::Impl::linear(const DeviceMatrix& w, const float* x32, const void* xn,
+                                    int64_t m, float* y, int64_t ldy) {
+  if (w.quantized()) {
+    for (const auto& [row, part] : w.quant) {
+      quant_matmul(part, x32, m, y + row, ldy, qscratch, gemm->handle(), stream);
+    }
+    return;
+  }
+  if (xn == nullptr) {
+    if (w.elem == Elem::kF32) {
+      xn = x32;
+    } else {
+      cast(x32, m * w.cols, narrow.data(), w.elem, stream);
+      xn = narrow.data();
+    }
+  }
+  gemm->run(xn, w.ptr(), w.elem, m, w.rows, w.cols, y, ldy);
+}
+
+std::pair<const float*, const void*> CudaDecoderModel::Impl::norm_for(
+    const DeviceMatrix& w, const float* xin, int64_t T, int64_t H, const float* weight,
+    float eps) {
+  if (w.quantized()) {
+    rms_norm(xin, T, H, weight, eps, norm32.data(), Elem::kF32, stream);
+    return {norm32.data(), nullptr};
+  }
+  rms_norm(xin, T, H, weight, eps, narrow.data(), w.elem, stream);
+  return {nullptr, narrow.data()};
+}
+
 void CudaDecoderModel::Impl::enqueue_logits(const ModelConfig& c, const int32_t* d_rows,
                                             int64_t n, float* host_out) {
   const int64_t H = c.hidden_size, V = c.vocab_size;
-  gather_rows(x.data(), H, d_rows, n, norm32.data(), stream);
-  rms_norm(norm32.data(), n, H, final_norm.data(), float(c.rms_norm_eps), narrow.data(),
-           lm_head->elem, stream);
-  gemm->run(narrow.data(), lm_head->ptr(), lm_head->elem, n, V, H, logits.data(), V);
+  gather_rows(x.data(), H, d_rows, n, out.data(), stream);
+  const auto [x32, xn] = norm_for(*lm_head, out.data(), n, H, final_norm.data(),
+                                  float(c.rms_norm_eps));
+  linear(*lm_head, x32, xn, n, logits.data(), V);
   if (c.final_logit_softcap > 0) softcap(logits.data(), n * V, c.final_logit_softcap, stream);
   TURBOKV_CUDA_CHECK(cudaMemcpyAsync(host_out, logits.data(), size_t(n * V) * sizeof(float),
                                      cudaMemcpyDeviceToHost, stream));
@@ -696,13 +778,19 @@ void CudaDecoderModel::Impl::run_layers(const ModelConfig& c, const DecoderModel
   const int64_t q_dim = int64_t(c.num_heads) * hd, kv_dim = int64_t(c.num_kv_heads) * hd;
   const float eps = float(c.rms_norm_eps);
   cudaStream_t s = stream;
-  embed_rows(embed.ptr(), embed.elem, H, d_tokens, T, host.embedding_scale(), x.data(), s);
+  if (embed.quantized()) {
+    quant_gather_rows(embed.quant.front().second, d_tokens, T, host.embedding_scale(), x.data(),
+                      s);
+  } else {
+    embed_rows(embed.ptr(), embed.elem, H, d_tokens, T, host.embedding_scale(), x.data(), s);
+  }
   for (int l = 0; l < c.num_layers; ++l) {
     const DeviceLayer& L = layers[size_t(l)];
     // Attention block.
-    rms_norm(x.data(), T, H, L.input_norm.data(), eps, narrow.data(), L.qkv.elem, s);
-    gemm->run(narrow.data(), L.qkv.ptr(), L.qkv.elem, T, q_dim + 2 * kv_dim, H, qkv.data(),
-              q_dim + 2 * kv_dim);
+    {
+      const auto [x32, xn] = norm_for(L.qkv, x.data(), T, H, L.input_norm.data(), eps);
+      linear(L.qkv, x32, xn, T, qkv.data(), q_dim + 2 * kv_dim);
+    }
     const int window = c.sliding_window[size_t(l)];
     const Rope& rope = window > 0 && has_local ? rope_local : rope_global;
     QkvPostProblem qp;
@@ -758,12 +846,7 @@ void CudaDecoderModel::Impl::run_layers(const ModelConfig& c, const DecoderModel
       }
       enqueue_attention(order, runs, base, ao);
     }
-    const void* attn_in = attn.data();
-    if (L.o.elem != Elem::kF32) {
-      cast(attn.data(), T * q_dim, narrow.data(), L.o.elem, s);
-      attn_in = narrow.data();
-    }
-    gemm->run(attn_in, L.o.ptr(), L.o.elem, T, H, q_dim, out.data(), H);
+    linear(L.o, attn.data(), nullptr, T, out.data(), H);
     residual_add(x.data(), out.data(), T, H, or_null(L.o_bias),
                  c.sandwich_norms ? L.post_attention_norm.data() : nullptr, eps, s);
 
@@ -773,12 +856,17 @@ void CudaDecoderModel::Impl::run_layers(const ModelConfig& c, const DecoderModel
     const float* post_ffn = c.sandwich_norms ? L.post_feedforward_norm.data() : nullptr;
     if (!L.moe) {
       const DeviceMlp& mlp = L.mlp;
-      rms_norm(x.data(), T, H, ffn_norm, eps, narrow.data(), mlp.gate_up.elem, s);
-      gemm->run(narrow.data(), mlp.gate_up.ptr(), mlp.gate_up.elem, T, 2 * mlp.inter, H,
-                gate_up.data(), 2 * mlp.inter);
-      gated_activation(gate_up.data(), T, mlp.inter, or_null(mlp.gate_bias), or_null(mlp.up_bias),
-                       c.activation, narrow.data(), mlp.down.elem, s);
-      gemm->run(narrow.data(), mlp.down.ptr(), mlp.down.elem, T, H, mlp.inter, mlp_out.data(), H);
+      const auto [x32, xn] = norm_for(mlp.gate_up, x.data(), T, H, ffn_norm, eps);
+      linear(mlp.gate_up, x32, xn, T, gate_up.data(), 2 * mlp.inter);
+      if (mlp.down.quantized()) {
+        gated_activation(gate_up.data(), T, mlp.inter, or_null(mlp.gate_bias),
+                         or_null(mlp.up_bias), c.activation, act32.data(), Elem::kF32, s);
+        linear(mlp.down, act32.data(), nullptr, T, mlp_out.data(), H);
+      } else {
+        gated_activation(gate_up.data(), T, mlp.inter, or_null(mlp.gate_bias),
+                         or_null(mlp.up_bias), c.activation, narrow.data(), mlp.down.elem, s);
+        linear(mlp.down, nullptr, narrow.data(), T, mlp_out.data(), H);
+      }
       residual_add(x.data(), mlp_out.data(), T, H, or_null(mlp.down_bias), post_ffn, eps, s);
       continue;
     }
