@@ -28,13 +28,14 @@ TEST(DeviceBlockPool, ChunksServeOneBlockSizeAndReturnWhenEmpty) {
   EXPECT_NE(a, b);
   EXPECT_EQ(size_t(std::max(a, b) - std::min(a, b)), big);
   uint8_t* d = pool.allocate(big);  // a third chunk
+  uint8_t* f = pool.allocate(big);  // fills it
   EXPECT_EQ(pool.stats().chunks_in_use, 3);
   EXPECT_THROW(pool.allocate(big), PoolExhausted);
   pool.release(c, small);  // its chunk is free again, for any size
   EXPECT_EQ(pool.stats().chunks_in_use, 2);
   uint8_t* e = pool.allocate(big);
   EXPECT_EQ(pool.stats().chunks_in_use, 3);
-  for (uint8_t* p : {a, b, d, e}) pool.release(p, big);
+  for (uint8_t* p : {a, b, d, e, f}) pool.release(p, big);
   EXPECT_EQ(pool.stats().chunks_in_use, 0);
   EXPECT_EQ(pool.stats().used_bytes, 0u);
 }

@@ -262,6 +262,7 @@ TEST_F(CudaKV, WholeBlocksAreSharedAndCopiedOnWrite) {
       LayerCaches cpu_b = make_layer_caches({plan}, KVDType::kF16);
       cpu_b[0]->append(k.data(), v.data(), 600);
       cpu_b[0]->trim(88);
+      cpu_b[0]->append(k.data() + size_t(512) * 256, v.data() + size_t(512) * 256, 88);
       b[0]->append(k.data() + size_t(512) * 256, v.data() + size_t(512) * 256, 88);
       EXPECT_EQ(saved(*b[0]), saved(*cpu_b[0]));
       // A trim of b into the shared block copies it before b writes again; a is untouched.

@@ -150,11 +150,12 @@ void check_format(const UniformFormat& f) {
   check_uniform_tensor(f.value, f.head_dim, "value");
 }
 
-void check_batch(const PagedBatch& b, const char* what) {
+// pointers: whether the device pointers are checked too (workspace sizing needs only shapes).
+void check_batch(const PagedBatch& b, const char* what, bool pointers) {
   if (b.batch < 1 || b.batch > 65535) {
     throw InvalidArgument(str_cat(what, ": batch ", b.batch, " is invalid: allowed 1..65535"));
   }
-  if (b.block_table == nullptr || b.seq_len == nullptr) {
+  if (pointers && (b.block_table == nullptr || b.seq_len == nullptr)) {
     throw InvalidArgument(str_cat(what, ": block_table and seq_len are required"));
   }
   if (b.table_stride < 1) {
@@ -339,7 +340,7 @@ BlockGeometry block_geometry_tq35(int kv_heads) {
 size_t paged_attention_workspace_bytes(const PagedBatch& batch, const QueryRows& queries,
                                        const AttentionOptions& options, int kv_heads,
                                        int head_dim) {
-  check_batch(batch, "paged attention");
+  check_batch(batch, "paged attention", /*pointers=*/false);
   if (head_dim < 1 || head_dim > kMaxHeadDim) {
     throw InvalidArgument(
         str_cat("paged attention: head_dim ", head_dim, " is invalid: allowed 1..", kMaxHeadDim));

@@ -111,7 +111,7 @@ struct MergeArgs {
 void check_format(const DenseFormat& f);
 void check_format(const TQFormat& f);
 void check_format(const UniformFormat& f);
-void check_batch(const PagedBatch& b, const char* what);
+void check_batch(const PagedBatch& b, const char* what, bool pointers = true);
 
 // The split grid and workspace layout of a call (no device pointers yet).
 struct SplitPlan {
