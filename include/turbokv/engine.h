@@ -167,7 +167,9 @@ struct EngineOptions {
   // picks a tenth of the physical memory, at most 8 GiB. Models with sliding-window layers do
   // not use it.
   int64_t prefix_cache_bytes = -1;
-  int prefix_cache_block = 64;  // tokens per cached block (>= 16; a multiple of 32 suits GPUs)
+  // Tokens per cached block (16..4096), or 0 for the device's choice: 64 on the CPU, the KV
+  // block of the GPU caches (256) on CUDA, whose whole blocks are then shared, not copied.
+  int prefix_cache_block = 0;
 };
 
 struct ChatMessage {

@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "cli/bench_e2e.h"
-#include "engine/backend.h"
+#include "backend/backend.h"
 #include "core/error.h"
 #include "core/threads.h"
 #include "kv/cache_policy.h"

@@ -11,7 +11,7 @@
 #include "core/error.h"
 #include "core/text_file.h"
 #include "core/threads.h"
-#include "engine/backend.h"
+#include "backend/backend.h"
 #include "eval/perplexity.h"
 #include "kv/kv_resolve.h"
 #include "tokenizer/tokenizer.h"

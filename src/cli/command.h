@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "engine/backend.h"
+#include "backend/backend.h"
 #include "turbokv/kv_options.h"
 
 namespace turbokv::cli {

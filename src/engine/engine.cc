@@ -7,7 +7,7 @@
 #include <optional>
 
 #include "core/gguf.h"
-#include "engine/backend.h"
+#include "backend/backend.h"
 #include "engine/scheduler.h"
 #include "engine/session.h"
 #include "kv/cache_file.h"
@@ -83,7 +83,9 @@ class EngineImpl : public Engine {
     model_tag_ = std::filesystem::path(dir).filename().string();
     if (model_tag_.empty())
       model_tag_ = std::filesystem::path(dir).parent_path().filename().string();
-    scheduler_ = std::make_unique<Scheduler>(*model_, *tokenizer_, std::move(eos), options,
+    EngineOptions resolved = options;
+    if (resolved.prefix_cache_block == 0) resolved.prefix_cache_block = loaded_.prefix_block;
+    scheduler_ = std::make_unique<Scheduler>(*model_, *tokenizer_, std::move(eos), resolved,
                                              loaded_.make_caches);
     scheduler_->start();
   }

@@ -180,9 +180,10 @@ Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, std::vector
     throw InvalidArgument(str_cat("prefix_cache_bytes=", options.prefix_cache_bytes,
                                   " must be >= 0, or -1 for the default"));
   }
-  if (options.prefix_cache_block < 16 || options.prefix_cache_block > 4096) {
-    throw InvalidArgument(
-        str_cat("prefix_cache_block=", options.prefix_cache_block, " is not in 16..4096 tokens"));
+  const int prefix_block = options.prefix_cache_block == 0 ? 64 : options.prefix_cache_block;
+  if (prefix_block < 16 || prefix_block > 4096) {
+    throw InvalidArgument(str_cat("prefix_cache_block=", options.prefix_cache_block,
+                                  " is not in 16..4096 tokens (0: the device's choice)"));
   }
   size_t budget = static_cast<size_t>(options.prefix_cache_bytes);
   if (options.prefix_cache_bytes < 0) {
@@ -194,7 +195,7 @@ Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, std::vector
                                    [](const LayerSpec& l) { return l.sliding_window > 0; });
   if (budget > 0 && !sliding) {
     prefix_ =
-        std::make_unique<PrefixCache>(budget, options.prefix_cache_block, chunk_, layer_specs_);
+        std::make_unique<PrefixCache>(budget, prefix_block, chunk_, layer_specs_);
   }
   if (static_cast<int64_t>(masked_ids_.size()) >= vocab_size_) {
     throw InvalidArgument(

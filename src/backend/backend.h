@@ -21,6 +21,7 @@ struct LoadedModel {
   std::unique_ptr<Model> model;
   CacheFactory make_caches;  // valid while model lives
   std::string device;
+  int prefix_block = 64;  // the prefix cache block that suits these caches
 };
 
 // Throws InvalidArgument for an unknown device, for "cuda" in a build without CUDA or on a

@@ -1,5 +1,5 @@
 // load_model / check_device (backend.h).
-#include "engine/backend.h"
+#include "backend/backend.h"
 
 #include <cmath>
 
@@ -9,6 +9,7 @@
 
 #ifdef TURBOKV_HAVE_CUDA
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/kvcache/paged.h"
 #include "model/cuda/cuda_decoder.h"
 #endif
 
@@ -77,6 +78,7 @@ LoadedModel load_model(const std::string& dir, const DeviceOptions& options) {
                                                       cuda_options);
   const cuda::CudaDecoderModel* g = gpu.get();
   loaded.make_caches = [g](const ResolvedKV& kv) { return g->make_caches(kv); };
+  loaded.prefix_block = int(cuda::kBlockTokens);
   loaded.model = std::move(gpu);
 #endif
   return loaded;
