@@ -555,7 +555,13 @@ CudaDecoderModel::CudaDecoderModel(std::unique_ptr<DecoderModel> host,
     pool = free_bytes > reserve ? size_t(double(free_bytes - reserve) * options.kv_memory_fraction)
                                 : 0;
   }
-  if (pool < DeviceBlockPool::kChunkBytes || pool + reserve / 2 > free_bytes) {
+  if (pool < DeviceBlockPool::kChunkBytes) {
+    throw InvalidArgument(str_cat("--kv-cache-gb: ", pool >> 20, " MiB is below the KV pool's ",
+                                  "smallest size, one chunk of ",
+                                  DeviceBlockPool::kChunkBytes >> 20, " MiB"),
+                          "kv_cache_gb");
+  }
+  if (pool + reserve / 2 > free_bytes) {
     throw Error(str_cat("--device cuda: ", pool >> 20, " MiB for the KV cache does not fit next ",
                         "to the model (", free_bytes >> 20, " MiB of GPU memory free after ",
                         weight_bytes_ >> 20, " MiB of weights)"));
