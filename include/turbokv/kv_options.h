@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace turbokv {
 
@@ -22,7 +23,32 @@ struct KVOptions {
   uint64_t seed = 0;                        // rotation / QJL seed
   bool norm_correction = true;              // TurboQuant: store n / ||c||
   bool last_layer_dense = true;             // keep the most sensitive layer exact
+  // TurboQuant levers (kv/turboquant_kv_cache.h, kv/kv_allocation.h); unset -> the defaults
+  // of resolve_kv_options (kv/kv_resolve.h).
+  std::optional<std::string> kv_centering;  // "none" | "keys" | "values" | "both"
+  std::optional<int> kv_sink_tokens;        // first positions kept fp16, 0..65536
+  // "none" | "keys" | "auto": how a fractional kv_bits is split between keys and values per
+  // layer (kv/kv_resolve.h); kv_budget: bits per element "auto" spends.
+  std::optional<std::string> kv_allocation;
+  std::optional<double> kv_budget;
+  // Per-layer overrides, "L:K/V" or "L:B" or "L:dense" separated by commas; L counts from the
+  // end when negative (-1 is the last layer). E.g. "0:4/4,-1:dense" (boundary layers).
+  std::string kv_layer_bits;
+  bool kv_hadamard = false;  // uniform scheme: rotate by a randomized Hadamard before grouping
 };
+
+// One layer's bits when they differ from the request's (ResolvedKV::layer_bits).
+struct LayerKVBits {
+  int layer = 0;  // < 0 counts from the end
+  bool dense = false;
+  double key_bits = 0;
+  double value_bits = 0;
+
+  bool operator==(const LayerKVBits&) const = default;
+};
+
+enum class KVAllocation { kNone, kKeys, kAuto };
+const char* kv_allocation_name(KVAllocation allocation);  // "none", "keys", "auto"
 
 struct ResolvedKV {
   KVScheme scheme = KVScheme::kDense;
@@ -33,6 +59,13 @@ struct ResolvedKV {
   uint64_t seed = 0;
   bool norm_correction = true;
   bool last_layer_dense = true;
+  bool center_keys = false;  // TurboQuant
+  bool center_values = false;
+  int sink_tokens = 0;
+  KVAllocation allocation = KVAllocation::kNone;
+  double budget_bits = 0;               // kAuto: bits per element to spend; 0: the plain setting's
+  std::vector<LayerKVBits> layer_bits;  // overrides, later entries win
+  bool hadamard = false;                // uniform
 
   bool operator==(const ResolvedKV&) const = default;
 };

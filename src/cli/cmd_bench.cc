@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "cli/bench_e2e.h"
-#include "cli/bench_prefix.h"
 #include "cli/bench_memory.h"
+#include "cli/bench_prefix.h"
 #include "cli/command.h"
 #include "core/cpu.h"
 #include "core/error.h"
@@ -56,7 +56,8 @@ std::vector<int64_t> parse_contexts(const std::string& text) {
 }
 
 // "3.5,4" -> the TurboQuant cache configurations of --kv-bits 3.5 and 4 (keys floor, values
-// ceil, as resolve_kv_options selects them).
+// ceil, as resolve_kv_options selects them, with its default levers), each followed by
+// "<bits>_plain", the same bits with every lever off, when the defaults turn any on.
 std::vector<std::pair<std::string, TurboQuantKVConfig>> parse_turboquant_bits(
     const std::string& text) {
   std::vector<std::pair<std::string, TurboQuantKVConfig>> configs;
@@ -65,7 +66,13 @@ std::vector<std::pair<std::string, TurboQuantKVConfig>> parse_turboquant_bits(
     KVOptions options;
     options.kv_bits = parse_kv_bits(item, "--turboquant-bits");
     options.kv_quant_scheme = "turboquant";
-    configs.emplace_back(item, turboquant_config(resolve_kv_options(options)));
+    const TurboQuantKVConfig defaults = turboquant_config(resolve_kv_options(options));
+    configs.emplace_back(item, defaults);
+    TurboQuantKVConfig plain{defaults.key_bits, defaults.value_bits, defaults.seed,
+                             defaults.norm_correction};
+    if (defaults.center_keys || defaults.center_values || defaults.sink_tokens > 0) {
+      configs.emplace_back(item + "_plain", plain);
+    }
   }
   if (configs.empty()) throw InvalidArgument("--turboquant-bits: give at least one bit width");
   return configs;
@@ -116,7 +123,11 @@ struct BenchCache {
     if (const auto* dense = dynamic_cast<const DenseKVCache*>(cache.get())) {
       attention_dense(dense->view(), queries, params, out, isa);
     } else if (const auto* tq = dynamic_cast<const TurboQuantKVCache*>(cache.get())) {
-      attention_turboquant(tq->view(), queries, params, out, isa);
+      if (tq->config().center_values || tq->config().sink_tokens > 0) {
+        tq->attend(q, 1, params, out);  // the levers' extra steps, kernels on the best ISA
+      } else {
+        attention_turboquant(tq->view(), queries, params, out, isa);
+      }
     } else {
       attention_uniform(dynamic_cast<const UniformKVCache&>(*cache).view(), queries, params, out,
                         isa);
@@ -197,7 +208,7 @@ int run_attention_bench(const AttentionBenchFlags& flags) {
         "us in the same round; speedup = dense median / median (min / min); GB/s = cache bytes "
         "read per second at the min; read = streaming-read loop (best pass), same run\n",
         kHeads, kKvHeads, kHeadDim, flags.threads, attention_isa_name(isa), cpu_feature_names());
-    std::printf("%8s %-10s %10s %10s %7s %15s %8s %8s\n", "context", "cache", "median_us", "min_us",
+    std::printf("%8s %-13s %10s %10s %7s %15s %8s %8s\n", "context", "cache", "median_us", "min_us",
                 "paired", "speedup", "GB/s", "read");
   }
   for (const int64_t context : contexts) {
@@ -257,7 +268,7 @@ int run_attention_bench(const AttentionBenchFlags& flags) {
         char speedup[32];
         std::snprintf(speedup, sizeof(speedup), "%.2fx (%.2fx)", dense_median / med,
                       dense_min / best);
-        std::printf("%8lld %-10s %10.1f %10.1f %6.2fx %15s %8.1f %8.1f\n",
+        std::printf("%8lld %-13s %10.1f %10.1f %6.2fx %15s %8.1f %8.1f\n",
                     static_cast<long long>(context), c.name.c_str(), med, best, paired, speedup,
                     gbps, read_gbps);
       }

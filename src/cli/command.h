@@ -43,6 +43,10 @@ struct KVFlags {
   uint64_t kv_seed = 0;
   bool no_norm_correction = false;
   bool quantize_last_layer = false;
+  std::string kv_centering, kv_allocation, kv_layer_bits;
+  int kv_sink_tokens = -1;  // -1: the default
+  double kv_budget = 0;     // 0: the default
+  bool kv_hadamard = false;
 
   void add_to(CLI::App& app);
   // Throws InvalidArgument for a malformed or disallowed value.

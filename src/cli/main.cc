@@ -100,6 +100,23 @@ void KVFlags::add_to(CLI::App& app) {
                "TurboQuant: store the plain norm instead of n/||c||");
   app.add_flag("--quantize-last-layer", quantize_last_layer,
                "also quantize the last layer (kept dense by default)");
+  app.add_option("--kv-centering", kv_centering,
+                 "TurboQuant: subtract per-head means before coding: none, keys, values, both")
+      ->check(CLI::IsMember({"none", "keys", "values", "both"}));
+  app.add_option("--kv-sink-tokens", kv_sink_tokens,
+                 "TurboQuant: keep the first N positions of a sequence in fp16")
+      ->check(integer_in(0, 65536));
+  app.add_option("--kv-allocation", kv_allocation,
+                 "TurboQuant: split of a fractional --kv-bits per layer: none (keys floor, "
+                 "values ceil), keys (keys ceil after layer 0), auto (measured, perplexity only)")
+      ->check(CLI::IsMember({"none", "keys", "auto"}));
+  app.add_option("--kv-budget", kv_budget,
+                 "TurboQuant with --kv-allocation auto: bits per element to spend");
+  app.add_option("--kv-layer-bits", kv_layer_bits,
+                 "per-layer bits, e.g. '0:4/5,-1:dense' (LAYER:K/V, LAYER:BITS or LAYER:dense; "
+                 "negative LAYER counts from the end)");
+  app.add_flag("--kv-hadamard", kv_hadamard,
+               "uniform scheme: rotate keys and values by a random Hadamard transform first");
 }
 
 void DeviceFlags::add_to(CLI::App& app) {
@@ -119,6 +136,12 @@ KVOptions KVFlags::options() const {
   o.seed = kv_seed;
   o.norm_correction = !no_norm_correction;
   o.last_layer_dense = !quantize_last_layer;
+  if (!kv_centering.empty()) o.kv_centering = kv_centering;
+  if (kv_sink_tokens >= 0) o.kv_sink_tokens = kv_sink_tokens;
+  if (!kv_allocation.empty()) o.kv_allocation = kv_allocation;
+  if (kv_budget != 0) o.kv_budget = kv_budget;
+  o.kv_layer_bits = kv_layer_bits;
+  o.kv_hadamard = kv_hadamard;
   return o;  // resolved (and validated) once by whoever runs it: an engine, perplexity, codec
 }
 

@@ -6,20 +6,13 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/log_softmax.h"
 #include "kv/cache_policy.h"
+#include "kv/kv_allocation.h"
+#include "kv/kv_resolve.h"
 
 namespace turbokv {
 namespace {
-
-// log-softmax of one row, in double: out[i] = x[i] - logsumexp(x).
-void log_softmax(const float* x, int n, std::vector<double>& out) {
-  out.resize(size_t(n));
-  const double max = *std::max_element(x, x + n);
-  double sum = 0;
-  for (int i = 0; i < n; ++i) sum += std::exp(double(x[i]) - max);
-  const double log_z = max + std::log(sum);
-  for (int i = 0; i < n; ++i) out[size_t(i)] = double(x[i]) - log_z;
-}
 
 bool is_quantized(const KVCache& cache) {
   return cache.type_name().rfind("dense", 0) != 0 && cache.type_name() != "rotating";
@@ -51,11 +44,7 @@ void score_logits(const float* logits, const float* dense_logits, const int32_t*
       const float* dense_row = dense_logits + r * vocab;
       log_softmax(dense_row, vocab, dense_logp);
       stats.dense_nll_sum -= dense_logp[size_t(targets[r])];
-      double kl = 0;
-      for (int i = 0; i < vocab; ++i) {
-        kl += std::exp(dense_logp[size_t(i)]) * (dense_logp[size_t(i)] - logp[size_t(i)]);
-      }
-      stats.kld_sum += kl;
+      stats.kld_sum += kl_divergence(dense_logp, logp);
       stats.top1_agree += std::max_element(row, row + vocab) - row ==
                           std::max_element(dense_row, dense_row + vocab) - dense_row;
     }
@@ -63,9 +52,10 @@ void score_logits(const float* logits, const float* dense_logits, const int32_t*
   }
 }
 
-PerplexityResult run_perplexity(
-    const Model& model, std::span<const int32_t> tokens, const PerplexityOptions& options,
-    const std::function<void(int64_t, int64_t, const PerplexityStats&)>& progress) {
+namespace {
+
+// Chunk count for these tokens and options; throws InvalidArgument for bad options.
+int64_t check_and_count_chunks(std::span<const int32_t> tokens, const PerplexityOptions& options) {
   const int64_t C = options.context;
   if (C < 1 || C > (1 << 20)) {
     throw InvalidArgument(str_cat("context ", C, " is out of range (1..1048576)"));
@@ -77,53 +67,147 @@ PerplexityResult run_perplexity(
     throw InvalidArgument(
         str_cat("tokens_per_forward ", options.tokens_per_forward, " must be >= 1"));
   }
-  PerplexityResult result;
-  result.chunks = (int64_t(tokens.size()) - 1) / C;
-  if (result.chunks < 1) {
+  int64_t chunks = (int64_t(tokens.size()) - 1) / C;
+  if (chunks < 1) {
     throw InvalidArgument(str_cat("the text has ", tokens.size(), " tokens; one chunk of context ",
                                   C, " needs ", C + 1));
   }
-  if (options.max_chunks > 0) result.chunks = std::min(result.chunks, options.max_chunks);
-  const ResolvedKV& kv = options.kv;
-  result.quantized = kv.scheme != KVScheme::kDense;
-  result.kv_scheme = kv_scheme_name(kv.scheme);
+  if (options.max_chunks > 0) chunks = std::min(chunks, options.max_chunks);
+  return chunks;
+}
 
-  const int V = model.info().vocab_size;
-  const int piece = options.tokens_per_forward;
-  std::vector<float> logits(size_t(piece) * V), dense_logits(size_t(piece) * V);  // [piece, V]
-  size_t quant_bytes = 0;
-  int64_t quant_elements = 0;  // tokens · kv_heads · d · 2 over quantized layers
-  for (int64_t chunk = 0; chunk < result.chunks; ++chunk) {
-    const int32_t* ids = tokens.data() + chunk * C;
-    const CacheFactory make_caches =
-        options.make_caches ? options.make_caches : [&model](const ResolvedKV& r) {
-          return make_layer_caches(model.layer_specs(), r);
-        };
-    LayerCaches dense = make_caches(ResolvedKV{});
-    LayerCaches quant;
-    if (result.quantized) quant = make_caches(kv);
-    for (int64_t begin = 0; begin < C; begin += piece) {
-      const int n = int(std::min<int64_t>(piece, C - begin));
-      std::vector<Model::Chunk> batch;
-      batch.push_back({ids + begin, n, &dense, dense_logits.data(), true});
-      if (result.quantized) batch.push_back({ids + begin, n, &quant, logits.data(), true});
-      model.forward(batch);
-      if (result.quantized) {
-        score_logits(logits.data(), dense_logits.data(), ids + begin + 1, n, V, result.stats);
-      } else {
-        score_logits(dense_logits.data(), nullptr, ids + begin + 1, n, V, result.stats);
-      }
-    }
-    for (const auto& c : quant) {
+// Stored bytes and K/V elements of one sequence's caches, all layers and quantized layers.
+struct KVSize {
+  size_t bytes = 0, quant_bytes = 0;
+  int64_t elements = 0, quant_elements = 0;  // tokens · kv_heads · d · 2
+
+  void add(const LayerCaches& caches) {
+    for (const auto& c : caches) {
+      const int64_t elements_here = c->size() * c->kv_heads() * c->head_dim() * 2;
+      bytes += c->nbytes();
+      elements += elements_here;
       if (!is_quantized(*c)) continue;
       quant_bytes += c->nbytes();
-      quant_elements += c->size() * c->kv_heads() * c->head_dim() * 2;
+      quant_elements += elements_here;
     }
-    if (progress) progress(chunk + 1, result.chunks, result.stats);
   }
-  if (quant_elements > 0)
-    result.kv_bits_effective = 8.0 * double(quant_bytes) / double(quant_elements);
+  void report(PerplexityResult& r) const {
+    if (elements > 0) r.kv_bits_effective = 8.0 * double(bytes) / double(elements);
+    if (quant_elements > 0) {
+      r.kv_bits_quantized_layers = 8.0 * double(quant_bytes) / double(quant_elements);
+    }
+  }
+};
+
+// The caches of one sequence: the model's factory (e.g. GPU caches) or the CPU's.
+LayerCaches caches_for(const Model& model, const PerplexityOptions& options, const ResolvedKV& kv) {
+  return options.make_caches ? options.make_caches(kv) : make_layer_caches(model.layer_specs(), kv);
+}
+
+// Settings batched into one forward with the dense pass (bounds the logits memory).
+constexpr size_t kSweepBatch = 6;
+
+}  // namespace
+
+PerplexityResult run_perplexity(
+    const Model& model, std::span<const int32_t> tokens, const PerplexityOptions& options,
+    const std::function<void(int64_t, int64_t, const PerplexityStats&)>& progress) {
+  const int64_t chunks = check_and_count_chunks(tokens, options);
+  if (options.kv.scheme != KVScheme::kDense) {
+    return run_perplexity_sweep(
+               model, tokens, options, {options.kv},
+               [&](int64_t done, int64_t total, const std::vector<PerplexityResult>& partial) {
+                 if (progress) progress(done, total, partial.front().stats);
+               })
+        .front();
+  }
+  PerplexityResult result;
+  result.chunks = chunks;
+  const int64_t C = options.context;
+  const int V = model.info().vocab_size;
+  const int piece = options.tokens_per_forward;
+  std::vector<float> logits(size_t(piece) * V);  // [piece, V]
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const int32_t* ids = tokens.data() + chunk * C;
+    LayerCaches dense = caches_for(model, options, ResolvedKV{});
+    for (int64_t begin = 0; begin < C; begin += piece) {
+      const int n = int(std::min<int64_t>(piece, C - begin));
+      Model::Chunk c{ids + begin, n, &dense, logits.data(), true};
+      model.forward({&c, 1});
+      score_logits(logits.data(), nullptr, ids + begin + 1, n, V, result.stats);
+    }
+    if (progress) progress(chunk + 1, chunks, result.stats);
+  }
   return result;
+}
+
+std::vector<PerplexityResult> run_perplexity_sweep(
+    const Model& model, std::span<const int32_t> tokens, const PerplexityOptions& options,
+    const std::vector<ResolvedKV>& kvs,
+    const std::function<void(int64_t, int64_t, const std::vector<PerplexityResult>&)>& progress) {
+  const int64_t chunks = check_and_count_chunks(tokens, options);
+  if (kvs.empty()) throw InvalidArgument("a perplexity sweep needs at least one KV setting");
+  std::vector<PerplexityResult> results(kvs.size());
+  std::vector<KVSize> sizes(kvs.size());
+  for (size_t i = 0; i < kvs.size(); ++i) {
+    if (kvs[i].scheme == KVScheme::kDense) {
+      throw InvalidArgument(str_cat("sweep setting ", i + 1,
+                                    " is dense; every setting needs a "
+                                    "KV scheme (the dense pass runs anyway)"));
+    }
+    results[i].chunks = chunks;
+    results[i].quantized = true;
+    results[i].kv_scheme = kv_scheme_name(kvs[i].scheme);
+  }
+  const int64_t C = options.context;
+  const int V = model.info().vocab_size;
+  const int piece = options.tokens_per_forward;
+  const size_t batch = std::min(kSweepBatch, kvs.size());
+  std::vector<float> dense_logits(size_t(C) * V);        // [C, V] of the chunk
+  std::vector<float> logits(batch * size_t(piece) * V);  // [batch, piece, V]
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const int32_t* ids = tokens.data() + chunk * C;
+    for (size_t first = 0; first < kvs.size(); first += batch) {
+      const size_t count = std::min(batch, kvs.size() - first);
+      const bool with_dense = first == 0;  // the dense pass rides with the first batch
+      LayerCaches dense;
+      if (with_dense) dense = caches_for(model, options, ResolvedKV{});
+      std::vector<LayerCaches> quant(count);
+      for (size_t j = 0; j < count; ++j) {
+        const int n_first = int(std::min<int64_t>(piece, C));
+        const ResolvedKV kv = allocate_kv(
+            model.layer_specs(), kvs[first + j], n_first, V,
+            [&](const std::vector<LayerCaches*>& caches, const std::vector<float*>& out) {
+              std::vector<Model::Chunk> pass;
+              for (size_t s = 0; s < caches.size(); ++s) {
+                pass.push_back({ids, n_first, caches[s], out[s], true});
+              }
+              model.forward(pass);
+            });
+        if (kvs[first + j].allocation == KVAllocation::kAuto && chunk == 0) {
+          results[first + j].kv_layer_bits = layer_bits_text(kv.layer_bits);
+        }
+        quant[j] = caches_for(model, options, kv);
+      }
+      for (int64_t begin = 0; begin < C; begin += piece) {
+        const int n = int(std::min<int64_t>(piece, C - begin));
+        std::vector<Model::Chunk> pass;
+        if (with_dense) pass.push_back({ids + begin, n, &dense, &dense_logits[begin * V], true});
+        for (size_t j = 0; j < count; ++j) {
+          pass.push_back({ids + begin, n, &quant[j], &logits[j * piece * V], true});
+        }
+        model.forward(pass);
+        for (size_t j = 0; j < count; ++j) {
+          score_logits(&logits[j * piece * V], &dense_logits[begin * V], ids + begin + 1, n, V,
+                       results[first + j].stats);
+        }
+      }
+      for (size_t j = 0; j < count; ++j) sizes[first + j].add(quant[j]);
+    }
+    if (progress) progress(chunk + 1, chunks, results);
+  }
+  for (size_t i = 0; i < kvs.size(); ++i) sizes[i].report(results[i]);
+  return results;
 }
 
 }  // namespace turbokv

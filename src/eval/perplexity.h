@@ -10,6 +10,8 @@
 #include <functional>
 #include <optional>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "kv/cache_policy.h"
 #include "model/model.h"
@@ -48,7 +50,15 @@ struct PerplexityResult {
   PerplexityStats stats;  // with a KV scheme: scored = quantized, dense = baseline
   bool quantized = false;
   std::string kv_scheme = "dense";
-  double kv_bits_effective = 0;  // 8·bytes / (tokens·kv_heads·d·2) over the quantized layers
+  // Bits per K/V element, 8·bytes / (tokens·kv_heads·d·2) summed over the chunks' caches:
+  // everything stored for the whole model (codes, norms, means, split orders, fp16 sink tokens
+  // and the dense layers at fp16) ...
+  double kv_bits_effective = 0;
+  // ... and over the quantized layers alone.
+  double kv_bits_quantized_layers = 0;
+  // With kv allocation on: the first chunk's per-layer bits (each chunk, a fresh sequence,
+  // measures and allocates its own), e.g. "0:3/5,1:4/3".
+  std::string kv_layer_bits;
 };
 
 // Throws InvalidArgument when the tokens do not fill one chunk (fewer than C + 1) or the
@@ -56,5 +66,16 @@ struct PerplexityResult {
 PerplexityResult run_perplexity(
     const Model& model, std::span<const int32_t> tokens, const PerplexityOptions& options,
     const std::function<void(int64_t, int64_t, const PerplexityStats&)>& progress = {});
+
+// Several KV settings against one dense pass: every chunk's dense logits are computed once and
+// each setting in kvs (none dense) is scored against them, exactly as run_perplexity scores one
+// (options.kv is ignored). Returns one result per setting, in order. progress(chunk_done,
+// chunks_total, results so far) after every chunk. Throws InvalidArgument for no settings or a
+// dense one.
+std::vector<PerplexityResult> run_perplexity_sweep(
+    const Model& model, std::span<const int32_t> tokens, const PerplexityOptions& options,
+    const std::vector<ResolvedKV>& kvs,
+    const std::function<void(int64_t, int64_t, const std::vector<PerplexityResult>&)>& progress =
+        {});
 
 }  // namespace turbokv

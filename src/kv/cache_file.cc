@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "kv/byte_io.h"
+#include "kv/kv_resolve.h"
 
 namespace turbokv {
 namespace {
@@ -42,6 +43,19 @@ void write_kv(ByteWriter& out, const ResolvedKV& kv) {
   out.put<uint64_t>(kv.seed);
   out.put<uint8_t>(kv.norm_correction ? 1 : 0);
   out.put<uint8_t>(kv.last_layer_dense ? 1 : 0);
+  out.put<uint8_t>(kv.center_keys ? 1 : 0);
+  out.put<uint8_t>(kv.center_values ? 1 : 0);
+  out.put<int32_t>(kv.sink_tokens);
+  out.put<uint8_t>(static_cast<uint8_t>(kv.allocation));
+  out.put<double>(kv.budget_bits);
+  out.put<uint8_t>(kv.hadamard ? 1 : 0);
+  out.put<uint32_t>(static_cast<uint32_t>(kv.layer_bits.size()));
+  for (const LayerKVBits& bits : kv.layer_bits) {
+    out.put<int32_t>(bits.layer);
+    out.put<uint8_t>(bits.dense ? 1 : 0);
+    out.put<double>(bits.key_bits);
+    out.put<double>(bits.value_bits);
+  }
 }
 
 ResolvedKV read_kv(ByteReader& in) {
@@ -58,7 +72,34 @@ ResolvedKV read_kv(ByteReader& in) {
   kv.seed = in.get<uint64_t>("seed");
   kv.norm_correction = in.get<uint8_t>("norm correction") != 0;
   kv.last_layer_dense = in.get<uint8_t>("last layer dense") != 0;
-  if (!std::isfinite(kv.key_bits) || !std::isfinite(kv.value_bits) || kv.quantized_kv_start < 0) {
+  kv.center_keys = in.get<uint8_t>("key centering") != 0;
+  kv.center_values = in.get<uint8_t>("value centering") != 0;
+  kv.sink_tokens = in.get<int32_t>("sink tokens");
+  const uint8_t allocation = in.get<uint8_t>("KV allocation");
+  if (allocation > static_cast<uint8_t>(KVAllocation::kAuto)) {
+    throw FormatError(str_cat("cache file: unknown KV allocation ", int(allocation)));
+  }
+  kv.allocation = static_cast<KVAllocation>(allocation);
+  kv.budget_bits = in.get<double>("KV budget");
+  kv.hadamard = in.get<uint8_t>("hadamard") != 0;
+  const uint32_t n_layer_bits = in.get<uint32_t>("per-layer bits count");
+  if (n_layer_bits > 4096) {
+    throw FormatError(
+        str_cat("cache file: ", n_layer_bits, " per-layer bit overrides (at most 4096)"));
+  }
+  for (uint32_t i = 0; i < n_layer_bits; ++i) {
+    LayerKVBits bits;
+    bits.layer = in.get<int32_t>("per-layer bits layer");
+    bits.dense = in.get<uint8_t>("per-layer bits dense") != 0;
+    bits.key_bits = in.get<double>("per-layer key bits");
+    bits.value_bits = in.get<double>("per-layer value bits");
+    if (!std::isfinite(bits.key_bits) || !std::isfinite(bits.value_bits)) {
+      throw FormatError("cache file: malformed per-layer bits");
+    }
+    kv.layer_bits.push_back(bits);
+  }
+  if (kv.sink_tokens < 0 || !std::isfinite(kv.budget_bits) || !std::isfinite(kv.key_bits) ||
+      !std::isfinite(kv.value_bits) || kv.quantized_kv_start < 0) {
     throw FormatError("cache file: malformed KV settings");
   }
   return kv;
@@ -78,12 +119,23 @@ std::string describe_kv(const ResolvedKV& kv) {
   if (kv.scheme == KVScheme::kTurboQuant) {
     text += str_cat(" K", kv.key_bits, "/V", kv.value_bits, ", seed ", kv.seed,
                     kv.norm_correction ? ", norm correction" : ", no norm correction");
+    if (kv.center_keys || kv.center_values) {
+      text += kv.center_keys && kv.center_values ? ", centered keys and values"
+              : kv.center_keys                   ? ", centered keys"
+                                                 : ", centered values";
+    }
+    if (kv.sink_tokens > 0) text += str_cat(", ", kv.sink_tokens, " fp16 sink tokens");
+    if (kv.allocation != KVAllocation::kNone) {
+      text += str_cat(", allocation ", kv_allocation_name(kv.allocation));
+    }
   } else if (kv.scheme == KVScheme::kUniform) {
     text += str_cat(" K", kv.key_bits, "/V", kv.value_bits, ", groups of ", kv.group_size);
+    if (kv.hadamard) text += ", Hadamard rotation";
   }
   if (kv.scheme != KVScheme::kDense) {
     text += kv.last_layer_dense ? ", last layer dense" : ", last layer quantized";
     if (kv.quantized_kv_start > 0) text += str_cat(", quantized from ", kv.quantized_kv_start);
+    if (!kv.layer_bits.empty()) text += str_cat(", layers ", layer_bits_text(kv.layer_bits));
   }
   return text;
 }
@@ -132,6 +184,12 @@ CacheFileReader::CacheFileReader(const std::string& path) : path_(path), file_(p
   }
   ByteReader header(data + sizeof(kMagic), kHeaderBytes - sizeof(kMagic));
   const uint32_t version = header.get<uint32_t>("version");
+  if (version == 2) {
+    throw FormatError(str_cat("'", path,
+                              "' is a version 2 cache file (TurboQuant caches without centering "
+                              "means, sink tokens or per-layer bits); this build reads version ",
+                              kCacheFileVersion, ": create the file again"));
+  }
   if (version == 1) {
     throw FormatError(str_cat("'", path,
                               "' is a version 1 cache file (caches without the model identity, "

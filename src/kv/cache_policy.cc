@@ -14,23 +14,54 @@ namespace turbokv {
 
 const char* layer_cache_kind_name(LayerCacheKind kind) {
   switch (kind) {
-    case LayerCacheKind::kDense: return "dense";
-    case LayerCacheKind::kRotating: return "rotating";
-    case LayerCacheKind::kTurboQuant: return "turboquant";
-    case LayerCacheKind::kUniform: return "uniform";
-    case LayerCacheKind::kRecurrent: return "recurrent";
-    case LayerCacheKind::kShared: return "shared";
+    case LayerCacheKind::kDense:
+      return "dense";
+    case LayerCacheKind::kRotating:
+      return "rotating";
+    case LayerCacheKind::kTurboQuant:
+      return "turboquant";
+    case LayerCacheKind::kUniform:
+      return "uniform";
+    case LayerCacheKind::kRecurrent:
+      return "recurrent";
+    case LayerCacheKind::kShared:
+      return "shared";
   }
   return "?";
 }
 
 TurboQuantKVConfig turboquant_config(const ResolvedKV& kv) {
-  return TurboQuantKVConfig{kv.key_bits, kv.value_bits, kv.seed, kv.norm_correction};
+  TurboQuantKVConfig c{kv.key_bits, kv.value_bits, kv.seed, kv.norm_correction};
+  c.center_keys = kv.center_keys;
+  c.center_values = kv.center_values;
+  c.sink_tokens = kv.sink_tokens;
+  return c;
 }
 
 UniformKVConfig uniform_config(const ResolvedKV& kv) {
   return UniformKVConfig{static_cast<int>(kv.key_bits), static_cast<int>(kv.value_bits),
-                         kv.group_size};
+                         kv.group_size, kv.hadamard, kv.seed};
+}
+
+std::optional<ResolvedKV> layer_kv(const ResolvedKV& kv, int layer, int n_layers,
+                                   bool last_attention) {
+  if (kv.scheme == KVScheme::kDense) return std::nullopt;
+  bool dense = last_attention && kv.last_layer_dense;
+  ResolvedKV r = kv;
+  if (kv.allocation == KVAllocation::kKeys && layer != 0) {
+    r.key_bits = std::max(kv.key_bits, kv.value_bits);
+    r.value_bits = std::min(kv.key_bits, kv.value_bits);
+  }
+  for (const LayerKVBits& bits : kv.layer_bits) {
+    if (bits.layer != layer && bits.layer != layer - n_layers) continue;
+    dense = bits.dense;
+    if (!dense) {
+      r.key_bits = bits.key_bits;
+      r.value_bits = bits.value_bits;
+    }
+  }
+  if (dense) return std::nullopt;
+  return r;
 }
 
 namespace {
@@ -63,6 +94,12 @@ std::vector<LayerCachePlan> plan_layer_caches(const std::vector<LayerSpec>& laye
     throw InvalidArgument(str_cat("quantized_kv_start ", kv.quantized_kv_start, " must be >= 0"),
                           "quantized_kv_start");
   }
+  if (kv.allocation == KVAllocation::kAuto) {
+    throw InvalidArgument(
+        "kv_allocation 'auto' measures each layer on a sequence's first chunk, which only "
+        "`turbokv perplexity` does; allowed here: 'none', 'keys' or explicit kv_layer_bits",
+        "kv_allocation");
+  }
   std::vector<LayerCachePlan> plan;
   plan.reserve(layers.size());
   const int last_attention = last_attention_cache(layers);
@@ -94,13 +131,17 @@ std::vector<LayerCachePlan> plan_layer_caches(const std::vector<LayerSpec>& laye
     } else if (spec.sliding_window > 0) {
       p.kind = LayerCacheKind::kRotating;
       p.window = spec.sliding_window;
-    } else if (kv.scheme == KVScheme::kDense || (last && kv.last_layer_dense)) {
+    } else if (const auto layer_bits = layer_kv(kv, int(i), int(layers.size()), last);
+               !layer_bits) {
       p.kind = LayerCacheKind::kDense;
     } else {
       p.kind = kv.scheme == KVScheme::kTurboQuant ? LayerCacheKind::kTurboQuant
                                                   : LayerCacheKind::kUniform;
-      p.turboquant = turboquant_config(kv);
-      p.uniform = uniform_config(kv);
+      p.turboquant = turboquant_config(*layer_bits);
+      // Key centering shifts every score of a query by the same amount, which soft-capping
+      // does not forgive: such layers keep their keys uncentered.
+      if (spec.logit_softcap > 0) p.turboquant.center_keys = false;
+      p.uniform = uniform_config(*layer_bits);
       p.quantized_kv_start = kv.quantized_kv_start;
       make_quantized(p);  // validates bits and dims now, not at a staged conversion
     }

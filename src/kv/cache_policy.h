@@ -7,10 +7,13 @@
 //  - sliding-window layers: a rotating dense cache, never quantized;
 //  - the last attention layer (the cache the last attending layer reads, which need not be the
 //    last layer) stays dense unless ResolvedKV::last_layer_dense is false;
-//  - other (global) layers: the scheme of ResolvedKV, dense until quantized_kv_start tokens.
+//  - other (global) layers: the scheme of ResolvedKV, dense until quantized_kv_start tokens,
+//    with that layer's bits (layer_kv: the allocation rule, then the kv_layer_bits overrides,
+//    which may also make a layer dense or quantize the last one).
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,5 +66,12 @@ using CacheFactory = std::function<LayerCaches(const ResolvedKV&)>;
 // The cache configurations a ResolvedKV selects.
 TurboQuantKVConfig turboquant_config(const ResolvedKV& kv);
 UniformKVConfig uniform_config(const ResolvedKV& kv);
+
+// The settings of global attention layer `layer` of n_layers (last_attention: the cache the last
+// attending layer reads): none for a dense layer (dense scheme, the last one under
+// last_layer_dense, a "dense" override), else kv with that layer's key and value bits (the
+// "keys" allocation swaps the split in every layer but 0; overrides win).
+std::optional<ResolvedKV> layer_kv(const ResolvedKV& kv, int layer, int n_layers,
+                                   bool last_attention);
 
 }  // namespace turbokv

@@ -48,6 +48,7 @@ struct LayerSpec {
   LayerStateKind kind = LayerStateKind::kAttention;
   int shared_with = -1;        // kShared: the earlier layer whose cache this layer reads
   RecurrentShape recurrent{};  // kRecurrent
+  float logit_softcap = 0;     // > 0: soft-capped scores (not shift-invariant)
 };
 
 // AttentionParams (n_heads, scale, logit_softcap, sliding_window) lives with the kernels:

@@ -1,6 +1,7 @@
 // resolve_kv_options and parse_kv_bits (kv/kv_resolve.h).
 #include <cmath>
 #include <cstdlib>
+#include <sstream>
 
 #include "core/error.h"
 #include "kv/kv_resolve.h"
@@ -22,7 +23,111 @@ void check_uniform_bits(double b, const char* what) {
   }
 }
 
+// "L:K/V", "L:B" or "L:dense" items separated by commas (kv_options.h); bits checked per scheme.
+std::vector<LayerKVBits> parse_layer_bits(const std::string& spec, KVScheme scheme) {
+  std::vector<LayerKVBits> out;
+  if (spec.empty()) return out;
+  const auto bad = [&](const std::string& item, const std::string& why) {
+    return InvalidArgument(str_cat("kv_layer_bits item '", item, "' ", why,
+                                   "; allowed: comma-separated LAYER:K/V, LAYER:BITS or "
+                                   "LAYER:dense, LAYER an index (negative counts from the end)"),
+                           "kv_layer_bits");
+  };
+  std::stringstream items(spec);
+  for (std::string item; std::getline(items, item, ',');) {
+    const size_t colon = item.find(':');
+    if (colon == std::string::npos || colon == 0) throw bad(item, "has no LAYER:");
+    char* end = nullptr;
+    const long layer = std::strtol(item.c_str(), &end, 10);
+    if (end != item.c_str() + colon || layer < -1024 || layer > 1023) {
+      throw bad(item, "has no valid layer index");
+    }
+    LayerKVBits bits;
+    bits.layer = int(layer);
+    const std::string value = item.substr(colon + 1);
+    if (value == "dense") {
+      bits.dense = true;
+    } else {
+      const size_t slash = value.find('/');
+      try {
+        bits.key_bits = parse_kv_bits(value.substr(0, slash), "kv_layer_bits");
+        bits.value_bits = slash == std::string::npos
+                              ? bits.key_bits
+                              : parse_kv_bits(value.substr(slash + 1), "kv_layer_bits");
+        if (scheme == KVScheme::kTurboQuant) {
+          quant::check_turboquant_bits(bits.key_bits, "kv_layer_bits");
+          quant::check_turboquant_bits(bits.value_bits, "kv_layer_bits");
+        } else {
+          check_uniform_bits(bits.key_bits, "kv_layer_bits");
+          check_uniform_bits(bits.value_bits, "kv_layer_bits");
+        }
+      } catch (const InvalidArgument& e) {
+        throw bad(item, str_cat("has bad bits (", e.what(), ")"));
+      }
+    }
+    out.push_back(bits);
+  }
+  return out;
+}
+
+// The TurboQuant levers of o into r (key_bits, value_bits already resolved), with the defaults
+// of kv_resolve.h.
+void resolve_turboquant_levers(const KVOptions& o, ResolvedKV& r) {
+  if (o.kv_hadamard) {
+    throw InvalidArgument("kv_hadamard applies to the uniform scheme (TurboQuant always rotates)",
+                          "kv_hadamard");
+  }
+  const std::string centering = o.kv_centering.value_or("none");
+  if (centering != "none" && centering != "keys" && centering != "values" && centering != "both") {
+    throw InvalidArgument(str_cat("kv_centering='", centering,
+                                  "' is unknown; allowed: 'none', 'keys', 'values', 'both'"),
+                          "kv_centering");
+  }
+  r.center_keys = centering == "keys" || centering == "both";
+  r.center_values = centering == "values" || centering == "both";
+  r.sink_tokens = o.kv_sink_tokens.value_or(0);
+  if (r.sink_tokens < 0 || r.sink_tokens > 65536) {
+    throw InvalidArgument(
+        str_cat("kv_sink_tokens=", r.sink_tokens, " is out of range (allowed 0..65536)"),
+        "kv_sink_tokens");
+  }
+  const std::string allocation = o.kv_allocation.value_or("none");
+  if (allocation == "none") {
+    r.allocation = KVAllocation::kNone;
+  } else if (allocation == "keys") {
+    r.allocation = KVAllocation::kKeys;
+  } else if (allocation == "auto") {
+    r.allocation = KVAllocation::kAuto;
+  } else {
+    throw InvalidArgument(
+        str_cat("kv_allocation='", allocation, "' is unknown; allowed: 'none', 'keys', 'auto'"),
+        "kv_allocation");
+  }
+  if (o.kv_budget) {
+    if (r.allocation != KVAllocation::kAuto || !(*o.kv_budget >= 1 && *o.kv_budget <= 16)) {
+      throw InvalidArgument(str_cat("kv_budget=", *o.kv_budget,
+                                    " needs kv_allocation 'auto' and a value in [1, 16] bits "
+                                    "per element"),
+                            "kv_budget");
+    }
+    r.budget_bits = *o.kv_budget;
+  }
+  r.layer_bits = parse_layer_bits(o.kv_layer_bits, r.scheme);
+}
+
 }  // namespace
+
+const char* kv_allocation_name(KVAllocation allocation) {
+  switch (allocation) {
+    case KVAllocation::kNone:
+      return "none";
+    case KVAllocation::kKeys:
+      return "keys";
+    case KVAllocation::kAuto:
+      return "auto";
+  }
+  return "?";
+}
 
 const char* kv_scheme_name(KVScheme scheme) {
   switch (scheme) {
@@ -46,6 +151,16 @@ double parse_kv_bits(const std::string& text, const char* what) {
                           what);
   }
   return v;
+}
+
+std::string layer_bits_text(const std::vector<LayerKVBits>& bits) {
+  std::string text;
+  for (const LayerKVBits& b : bits) {
+    if (!text.empty()) text += ",";
+    text +=
+        b.dense ? str_cat(b.layer, ":dense") : str_cat(b.layer, ":", b.key_bits, "/", b.value_bits);
+  }
+  return text;
 }
 
 ResolvedKV resolve_kv_options(const KVOptions& o) {
@@ -82,6 +197,7 @@ ResolvedKV resolve_kv_options(const KVOptions& o) {
     if (o.kv_value_bits) r.value_bits = *o.kv_value_bits;
     quant::check_turboquant_bits(r.key_bits, "kv_key_bits");
     quant::check_turboquant_bits(r.value_bits, "kv_value_bits");
+    resolve_turboquant_levers(o, r);
     return r;
   }
   r.scheme = KVScheme::kUniform;
@@ -97,6 +213,17 @@ ResolvedKV resolve_kv_options(const KVOptions& o) {
         str_cat("kv_group_size=", o.kv_group_size, " is not supported; allowed: 32, 64, 128"),
         "kv_group_size");
   }
+  for (auto [given, name] : {std::pair{o.kv_centering.has_value(), "kv_centering"},
+                             std::pair{o.kv_sink_tokens.has_value(), "kv_sink_tokens"},
+                             std::pair{o.kv_allocation.has_value(), "kv_allocation"},
+                             std::pair{o.kv_budget.has_value(), "kv_budget"}}) {
+    if (given) {
+      throw InvalidArgument(str_cat(name, " applies to the TurboQuant scheme, not to uniform"),
+                            name);
+    }
+  }
+  r.hadamard = o.kv_hadamard;
+  r.layer_bits = parse_layer_bits(o.kv_layer_bits, r.scheme);
   return r;
 }
 

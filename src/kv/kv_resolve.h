@@ -8,9 +8,21 @@
 //    values ceil(kv_bits), kv_key_bits / kv_value_bits override each (k + 0.5 -> split codec);
 //    valid: multiples of 0.5 in [1, 8];
 //  - otherwise integer bits 2..8 -> uniform affine groups of kv_group_size (32, 64, 128).
+//
+// TurboQuant levers (each off by default: plain TurboQuant):
+//  - kv_centering ("none"): per-head means subtracted before coding (kv/turboquant_kv_cache.h);
+//    "keys", "values" or "both";
+//  - kv_sink_tokens (0): the first positions of a sequence stored in fp16;
+//  - kv_allocation ("none": the mlx-vlm split in every layer): "keys" swaps the split of a
+//    fractional kv_bits in every TurboQuant layer but layer 0 (keys ceil, values floor; same
+//    bytes); "auto" measures per-layer bits on a sequence's first chunk under a budget
+//    (kv/kv_allocation.h; kv_budget, default the plain setting's bits; perplexity only);
+//  - kv_layer_bits: explicit per-layer bits or dense layers (boundary layers), applied last.
+// The uniform scheme takes kv_hadamard and kv_layer_bits only.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "turbokv/kv_options.h"
 
@@ -18,11 +30,15 @@ namespace turbokv {
 
 // Throws InvalidArgument naming the bad value and what is allowed; its param() is the field
 // ("kv_bits", "kv_key_bits", "kv_value_bits", "kv_quant_scheme", "kv_group_size",
-// "quantized_kv_start").
+// "quantized_kv_start", "kv_centering", "kv_sink_tokens", "kv_allocation", "kv_budget",
+// "kv_layer_bits", "kv_hadamard").
 ResolvedKV resolve_kv_options(const KVOptions& options);
 
 // Parses a user-written bit width ("3.5", "4"); throws InvalidArgument (param = what) for "abc",
 // "", "3.5x".
 double parse_kv_bits(const std::string& text, const char* what = "kv_bits");
+
+// The kv_layer_bits text of overrides ("0:3/5,-1:dense"), what the parser reads back.
+std::string layer_bits_text(const std::vector<LayerKVBits>& bits);
 
 }  // namespace turbokv

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/half.h"
 #include "core/threads.h"
 #include "kv/byte_io.h"
 #include "quant/codec_split.h"
@@ -62,9 +63,50 @@ TurboQuantKVCache::TurboQuantKVCache(int kv_heads, int head_dim, const TurboQuan
       head_dim_(head_dim),
       config_(config),
       keys_(kv_heads, head_dim, config.key_bits, quant::TensorRole::kKey, config),
-      values_(kv_heads, head_dim, config.value_bits, quant::TensorRole::kValue, config) {
-  if (!keys_.split()) make_codecs(keys_, nullptr, 0, nullptr);
-  if (!values_.split()) make_codecs(values_, nullptr, 0, nullptr);
+      values_(kv_heads, head_dim, config.value_bits, quant::TensorRole::kValue, config),
+      sinks_(KVDType::kF16, kv_heads, head_dim) {
+  if (config.sink_tokens < 0 || config.sink_tokens > kMaxSinkTokens) {
+    throw InvalidArgument(str_cat("TurboQuant sink_tokens=", config.sink_tokens,
+                                  " is out of range (0..", kMaxSinkTokens, ")"),
+                          "kv_sink_tokens");
+  }
+  keys_.centered = config.center_keys;
+  values_.centered = config.center_values;
+  for (Tensor* tensor : {&keys_, &values_}) {
+    if (!tensor->split()) make_codecs(*tensor, nullptr, 0, nullptr);
+    tensor->ready = !tensor->needs_calibration();
+  }
+}
+
+void TurboQuantKVCache::set_means(Tensor& tensor, std::vector<uint16_t> mean) {
+  tensor.mean_f32.resize(mean.size());
+  for (size_t i = 0; i < mean.size(); ++i) tensor.mean_f32[i] = f16_to_f32(mean[i]);
+  tensor.mean = std::move(mean);
+}
+
+void TurboQuantKVCache::calibrate(Tensor& tensor, const float* x, int n_tokens) {
+  const size_t row = size_t(kv_heads_) * head_dim_;
+  if (tensor.centered) {
+    std::vector<double> sum(row, 0.0);  // [kv_heads, head_dim]
+    for (int t = 0; t < n_tokens; ++t) {
+      for (size_t i = 0; i < row; ++i) sum[i] += double(x[t * row + i]);
+    }
+    std::vector<uint16_t> mean(row);
+    for (size_t i = 0; i < row; ++i) {
+      mean[i] = f32_to_f16(std::clamp(float(sum[i] / double(n_tokens)), -65504.0f, 65504.0f));
+    }
+    set_means(tensor, std::move(mean));
+  }
+  std::vector<float> centered;  // [n_tokens, kv_heads, head_dim]: x - mu, what the codec sees
+  if (tensor.centered) {
+    centered.resize(size_t(n_tokens) * row);
+    for (int t = 0; t < n_tokens; ++t) {
+      for (size_t i = 0; i < row; ++i) centered[t * row + i] = x[t * row + i] - tensor.mean_f32[i];
+    }
+    x = centered.data();
+  }
+  if (tensor.split()) make_codecs(tensor, x, n_tokens, nullptr);
+  tensor.ready = true;
 }
 
 void TurboQuantKVCache::make_codecs(Tensor& tensor, const float* first_chunk, int n_tokens,
@@ -105,6 +147,7 @@ void TurboQuantKVCache::set_channel_orders(const std::vector<std::vector<int>>& 
                                     " KV heads, the cache has ", kv_heads_));
     }
     make_codecs(*tensor, nullptr, 0, orders);
+    tensor->ready = !tensor->centered || !tensor->mean.empty();
   }
 }
 
@@ -112,10 +155,17 @@ void TurboQuantKVCache::encode(Tensor& tensor, const float* x, int n_tokens, int
   const int64_t items = static_cast<int64_t>(n_tokens) * kv_heads_;
   const quant::Isa isa = quant::best_isa();
   parallel_for(items, 32, [&](int64_t begin, int64_t end) {
+    std::vector<float> centered(tensor.centered ? head_dim_ : 0);  // [head_dim]
     for (int64_t i = begin; i < end; ++i) {
       const int64_t t = i / kv_heads_;
       const int h = static_cast<int>(i % kv_heads_);
-      tensor.per_head[h]->quantize(x + i * head_dim_, tensor.rows.codes(h, first_row + t),
+      const float* vec = x + i * head_dim_;
+      if (tensor.centered) {
+        const float* mu = &tensor.mean_f32[size_t(h) * head_dim_];
+        for (int j = 0; j < head_dim_; ++j) centered[j] = vec[j] - mu[j];
+        vec = centered.data();
+      }
+      tensor.per_head[h]->quantize(vec, tensor.rows.codes(h, first_row + t),
                                    tensor.rows.aux(h, first_row + t), isa);
     }
   });
@@ -124,21 +174,30 @@ void TurboQuantKVCache::encode(Tensor& tensor, const float* x, int n_tokens, int
 void TurboQuantKVCache::append(const float* k, const float* v, int n_tokens) {
   check_append(k, v, n_tokens);
   if (n_tokens == 0) return;
-  if (keys_.codecs.empty() || values_.codecs.empty()) calibrated_on_ = n_tokens;
-  if (keys_.codecs.empty()) make_codecs(keys_, k, n_tokens, nullptr);
-  if (values_.codecs.empty()) make_codecs(values_, v, n_tokens, nullptr);
-  const int64_t first = keys_.rows.grow(n_tokens);
-  values_.rows.grow(n_tokens);
-  encode(keys_, k, n_tokens, first);
-  encode(values_, v, n_tokens, first);
+  const int64_t row = int64_t(kv_heads_) * head_dim_;
+  const int64_t to_sinks = std::clamp<int64_t>(config_.sink_tokens - size(), 0, n_tokens);
+  if (to_sinks > 0) sinks_.append(k, v, to_sinks);
+  const int coded = n_tokens - static_cast<int>(to_sinks);
+  if (coded == 0) return;
+  k += to_sinks * row;
+  v += to_sinks * row;
+  if (!keys_.ready || !values_.ready) calibrated_on_ = sinks_.rows() + coded;
+  if (!keys_.ready) calibrate(keys_, k, coded);
+  if (!values_.ready) calibrate(values_, v, coded);
+  const int64_t first = keys_.rows.grow(coded);
+  values_.rows.grow(coded);
+  encode(keys_, k, coded, first);
+  encode(values_, v, coded, first);
 }
 
 void TurboQuantKVCache::trim(int64_t n) {
   if (n < 0 || n > size()) {
     throw InvalidArgument(str_cat("trim(", n, ") on a cache of ", size(), " tokens"));
   }
-  keys_.rows.drop_newest(n);
-  values_.rows.drop_newest(n);
+  const int64_t from_codes = std::min(n, coded_rows());
+  keys_.rows.drop_newest(from_codes);
+  values_.rows.drop_newest(from_codes);
+  sinks_.drop_newest(n - from_codes);
 }
 
 size_t TurboQuantKVCache::bytes_per_token_head() const {
@@ -147,12 +206,13 @@ size_t TurboQuantKVCache::bytes_per_token_head() const {
 }
 
 size_t TurboQuantKVCache::nbytes() const {
-  size_t split_metadata = 0;
+  size_t metadata = 0;  // means and split channel orders: 2 bytes per channel per KV head each
   for (const Tensor* tensor : {&keys_, &values_}) {
-    if (tensor->split() && !tensor->codecs.empty())
-      split_metadata += 2 * size_t(kv_heads_) * head_dim_;
+    if (!tensor->ready) continue;
+    if (tensor->split()) metadata += 2 * size_t(kv_heads_) * head_dim_;
+    if (tensor->centered) metadata += 2 * size_t(kv_heads_) * head_dim_;
   }
-  return keys_.rows.nbytes() + values_.rows.nbytes() + split_metadata;
+  return keys_.rows.nbytes() + values_.rows.nbytes() + metadata + sinks_.nbytes();
 }
 
 TurboQuantKVView TurboQuantKVCache::view() const {
@@ -163,15 +223,62 @@ TurboQuantKVView TurboQuantKVCache::view() const {
   view.kv_heads = kv_heads_;
   view.head_dim = head_dim_;
   view.head_stride = keys_.rows.capacity();
-  view.n_tokens = size();
-  view.first_pos = 0;
+  view.n_tokens = coded_rows();
+  view.first_pos = sinks_.rows();
   return view;
+}
+
+void TurboQuantKVCache::attend_coded(const AttentionQueries& queries, const AttentionParams& params,
+                                     float* out, float* lse) const {
+  attention_turboquant(view(), queries, params, out, best_attention_isa(), lse);
+  const int group = params.n_heads / kv_heads_;
+  for (int i = 0; i < queries.n_q; ++i) {
+    for (int head = 0; head < params.n_heads; ++head) {
+      const int64_t r = int64_t(i) * params.n_heads + head;
+      const size_t mean_offset = size_t(head / group) * head_dim_;
+      if (lse != nullptr && keys_.centered) {
+        const float* qr = queries.q + r * head_dim_;
+        const float* mu = &keys_.mean_f32[mean_offset];
+        float dot = 0;
+        for (int j = 0; j < head_dim_; ++j) dot += qr[j] * mu[j];
+        lse[r] += params.scale * dot;
+      }
+      if (values_.centered) {
+        float* o = out + r * head_dim_;
+        const float* mu = &values_.mean_f32[mean_offset];
+        for (int j = 0; j < head_dim_; ++j) o[j] = o[j] + mu[j];
+      }
+    }
+  }
 }
 
 void TurboQuantKVCache::attend(const float* q, int n_q, const AttentionParams& params,
                                float* out) const {
   check_attend(q, n_q, params, out);
-  attention_turboquant(view(), AttentionQueries{q, n_q, size() - n_q}, params, out);
+  if (keys_.centered && params.logit_softcap > 0) {
+    throw Unsupported(
+        "TurboQuant key centering needs shift-invariant scores; soft-capped attention "
+        "(logit_softcap > 0) must keep keys uncentered");
+  }
+  const AttentionQueries queries{q, n_q, size() - n_q};
+  if (sinks_.rows() == 0) {
+    attend_coded(queries, params, out, nullptr);
+    return;
+  }
+  if (coded_rows() == 0) {
+    attention_dense(sinks_.view(0), queries, params, out);
+    return;
+  }
+  // Two partial softmaxes over disjoint keys (sinks, coded rows), merged by log-sum-exp.
+  const int64_t rows = int64_t(n_q) * params.n_heads;
+  std::vector<float> lse_coded(static_cast<size_t>(rows)),
+      lse_sinks(lse_coded.size());                        // [n_q, heads]
+  std::vector<float> sink_out(size_t(rows) * head_dim_);  // [n_q, n_heads, d]
+  attend_coded(queries, params, out, lse_coded.data());
+  attention_dense(sinks_.view(0), queries, params, sink_out.data(), best_attention_isa(),
+                  lse_sinks.data());
+  merge_attention_partials(out, lse_coded.data(), sink_out.data(), lse_sinks.data(), rows,
+                           head_dim_, out, nullptr);
 }
 
 void TurboQuantKVCache::write_state(ByteWriter& out) const {
@@ -180,10 +287,13 @@ void TurboQuantKVCache::write_state(ByteWriter& out) const {
   out.put<double>(config_.value_bits);
   out.put<uint64_t>(config_.seed);
   out.put<uint8_t>(config_.norm_correction ? 1 : 0);
+  out.put<uint8_t>(config_.center_keys ? 1 : 0);
+  out.put<uint8_t>(config_.center_values ? 1 : 0);
+  out.put<int32_t>(config_.sink_tokens);
   for (const Tensor* tensor : {&keys_, &values_}) {
-    const auto orders = tensor->channel_orders();  // [kv_heads][d] or empty
-    out.put<uint8_t>(orders.empty() ? 0 : 1);
-    for (const auto& order : orders) {
+    out.put<uint8_t>(tensor->ready && tensor->needs_calibration() ? 1 : 0);
+    for (uint16_t m : tensor->mean) out.put<uint16_t>(m);
+    for (const auto& order : tensor->channel_orders()) {  // [kv_heads][d] or none
       for (int channel : order) out.put<uint16_t>(static_cast<uint16_t>(channel));
     }
   }
@@ -197,27 +307,46 @@ void TurboQuantKVCache::read_state(ByteReader& in) {
   expect_same("rotation seed", in.get<uint64_t>("seed"), config_.seed);
   expect_same("norm correction", int(in.get<uint8_t>("norm correction")),
               int(config_.norm_correction));
+  expect_same("key centering", int(in.get<uint8_t>("key centering")), int(config_.center_keys));
+  expect_same("value centering", int(in.get<uint8_t>("value centering")),
+              int(config_.center_values));
+  expect_same("sink tokens", in.get<int32_t>("sink tokens"), config_.sink_tokens);
   keys_.rows.drop_newest(keys_.rows.rows());
   values_.rows.drop_newest(values_.rows.rows());
+  sinks_.drop_newest(sinks_.rows());
+  const size_t row = size_t(kv_heads_) * head_dim_;
   for (Tensor* tensor : {&keys_, &values_}) {
-    const bool has_orders = in.get<uint8_t>("split flag") != 0;
-    if (!has_orders) {
+    const bool calibrated = in.get<uint8_t>("calibration flag") != 0;
+    if (calibrated && !tensor->needs_calibration()) {
+      throw FormatError("cache file: calibration state for a tensor that has none");
+    }
+    tensor->mean.clear();
+    tensor->mean_f32.clear();
+    tensor->ready = !tensor->needs_calibration();
+    if (!calibrated) {
       if (tensor->split()) {  // not calibrated yet in the record either
         tensor->codecs.clear();
         tensor->per_head.clear();
       }
       continue;
     }
-    if (!tensor->split()) throw FormatError("cache file: channel orders for an unsplit codec");
-    std::vector<std::vector<int>> orders(kv_heads_, std::vector<int>(head_dim_));
-    for (auto& order : orders) {
-      for (int& channel : order) channel = in.get<uint16_t>("split channel order");
+    if (tensor->centered) {
+      std::vector<uint16_t> mean(row);
+      for (uint16_t& m : mean) m = in.get<uint16_t>("mean");
+      set_means(*tensor, std::move(mean));
     }
-    try {
-      make_codecs(*tensor, nullptr, 0, &orders);
-    } catch (const InvalidArgument& e) {
-      throw FormatError(str_cat("cache file: bad split channel order: ", e.what()));
+    if (tensor->split()) {
+      std::vector<std::vector<int>> orders(kv_heads_, std::vector<int>(head_dim_));
+      for (auto& order : orders) {
+        for (int& channel : order) channel = in.get<uint16_t>("split channel order");
+      }
+      try {
+        make_codecs(*tensor, nullptr, 0, &orders);
+      } catch (const InvalidArgument& e) {
+        throw FormatError(str_cat("cache file: bad split channel order: ", e.what()));
+      }
     }
+    tensor->ready = true;
   }
   calibrated_on_ = in.get<int64_t>("calibration tokens");
   if (calibrated_on_ < 0 || calibrated_on_ > kMaxFileTokens) {
@@ -226,36 +355,50 @@ void TurboQuantKVCache::read_state(ByteReader& in) {
   }
 }
 
+// Rows [first, first + n): the fp16 sink rows among them, then the coded ones.
 void TurboQuantKVCache::write_rows(ByteWriter& out, int64_t first, int64_t n) const {
   check_rows(first, n);
-  keys_.rows.write(out, first, n);
-  values_.rows.write(out, first, n);
+  const int64_t sink_end = std::min(first + n, sinks_.rows());
+  const int64_t sinks = std::max<int64_t>(sink_end - first, 0);
+  sinks_.write(out, first, sinks);
+  const int64_t coded_first = std::max<int64_t>(first - sinks_.rows(), 0);
+  keys_.rows.write(out, coded_first, n - sinks);
+  values_.rows.write(out, coded_first, n - sinks);
 }
 
 void TurboQuantKVCache::read_rows(ByteReader& in, int64_t n) {
-  if (n > 0 && (keys_.codecs.empty() || values_.codecs.empty())) {
-    throw FormatError("cache file: tokens without the split channel orders they were coded with");
+  if (n < 0) throw FormatError(str_cat("cache file: ", n, " rows"));
+  const int64_t sinks = std::clamp<int64_t>(config_.sink_tokens - size(), 0, n);
+  sinks_.read_append(in, sinks);
+  if (n > sinks && (!keys_.ready || !values_.ready)) {
+    throw FormatError(
+        "cache file: coded tokens without the means or split channel orders they were coded "
+        "with");
   }
-  keys_.rows.read_append(in, n);
-  values_.rows.read_append(in, n);
+  keys_.rows.read_append(in, n - sinks);
+  values_.rows.read_append(in, n - sinks);
 }
 
 DenseKVCache TurboQuantKVCache::to_dense() const {
   DenseKVCache dense(kv_heads_, head_dim_, KVDType::kF32);
-  const int64_t n = size();
-  std::vector<float> k(static_cast<size_t>(n) * kv_heads_ * head_dim_);  // [n, kv_heads, d]
-  std::vector<float> v(k.size());
+  const int64_t sinks = sinks_.rows(), n = coded_rows();
+  const size_t row = size_t(kv_heads_) * head_dim_;
+  std::vector<float> k((sinks + n) * row), v((sinks + n) * row);  // [sinks + n, kv_heads, d]
+  sinks_.read_f32(0, sinks, k.data(), v.data());
   parallel_for(n * kv_heads_, 64, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t t = i / kv_heads_;
       const int h = static_cast<int>(i % kv_heads_);
-      keys_.per_head[h]->dequantize(keys_.rows.codes(h, t), keys_.rows.aux(h, t),
-                                    &k[i * head_dim_]);
-      values_.per_head[h]->dequantize(values_.rows.codes(h, t), values_.rows.aux(h, t),
-                                      &v[i * head_dim_]);
+      for (auto [tensor, x] : {std::pair{&keys_, &k}, std::pair{&values_, &v}}) {
+        float* out = x->data() + sinks * row + i * head_dim_;
+        tensor->per_head[h]->dequantize(tensor->rows.codes(h, t), tensor->rows.aux(h, t), out);
+        if (!tensor->centered) continue;
+        const float* mu = &tensor->mean_f32[size_t(h) * head_dim_];
+        for (int j = 0; j < head_dim_; ++j) out[j] = out[j] + mu[j];
+      }
     }
   });
-  dense.append(k.data(), v.data(), static_cast<int>(n));
+  dense.append(k.data(), v.data(), static_cast<int>(sinks + n));
   return dense;
 }
 

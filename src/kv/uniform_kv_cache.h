@@ -1,6 +1,10 @@
 // UniformKVCache: keys and values stored with the uniform affine group codec (the baseline
 // scheme, quant/codec_uniform.h): per group of group_size elements b-bit integers plus an fp16
 // scale and min. Attention decodes one tile of codes at a time (kernels/cpu/attention_codes.h).
+// With hadamard on, every vector is first rotated by the TurboQuant rotation of its role
+// (quant/rotation.h: keys R_k, values R_v, from the seed) and the rotated vector is grouped;
+// attention rotates the queries by R_k (scores are unchanged: <R_k q, R_k k> = <q, k>) and takes
+// the output back with R_v^T. The rotation is not stored: the bytes are those of plain groups.
 #pragma once
 
 #include <memory>
@@ -8,6 +12,7 @@
 #include "kernels/cpu/attention_codes.h"
 #include "kv/dense_kv_cache.h"
 #include "kv/packed_rows.h"
+#include "quant/rotation.h"
 
 namespace turbokv {
 
@@ -15,6 +20,8 @@ struct UniformKVConfig {
   int key_bits = 4;     // 2..8
   int value_bits = 4;   // 2..8
   int group_size = 64;  // 32, 64 or 128
+  bool hadamard = false;
+  uint64_t seed = 0;  // of the rotations (hadamard on)
 };
 
 class UniformKVCache : public KVCache {
@@ -55,13 +62,14 @@ class UniformKVCache : public KVCache {
   const PackedRows& value_rows() const { return values_; }
 
  private:
-  void encode(const quant::UniformCodec& codec, PackedRows& rows, const float* x, int n_tokens,
-              int64_t first_row);
+  void encode(const quant::UniformCodec& codec, const quant::Rotation* rotation, PackedRows& rows,
+              const float* x, int n_tokens, int64_t first_row);
 
   int kv_heads_;
   int head_dim_;
   UniformKVConfig config_;
   quant::UniformCodec key_codec_, value_codec_;
+  std::shared_ptr<const quant::Rotation> key_rotation_, value_rotation_;  // hadamard on
   PackedRows keys_, values_;
 };
 

@@ -215,6 +215,7 @@ std::vector<LayerSpec> layer_specs_for(const ModelConfig& c) {
         spec.kv_heads = a.num_kv_heads;
         spec.head_dim = a.head_dim;
         spec.sliding_window = a.sliding_window;
+        spec.logit_softcap = c.attn_logit_softcap;
         if (a.kv_source >= 0) {
           spec.kind = LayerStateKind::kShared;
           spec.shared_with = a.kv_source;

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "kv/kv_resolve.h"
 #include "tests/model/test_util.h"
 
 namespace turbokv {
@@ -65,6 +66,67 @@ TEST(RunPerplexity, ChunksAreFreshSequencesScoredOnTheirNextTokens) {
   EXPECT_THROW(run_perplexity(*model, ids, options), InvalidArgument);  // needs 25 tokens
   options.context = 0;
   EXPECT_THROW(run_perplexity(*model, ids, options), InvalidArgument);
+}
+
+// Bits per element from the format: tiny llama, 2 layers of 2 KV heads, d 16, C 7 tokens.
+// Layer 0 TurboQuant K3/V4 with centered keys: per token and head 6 + 2 bytes (keys: 16 x 3 bits
+// and a norm) + 8 + 2 (values), plus the key means 2 x 16 x 2 bytes; layer 1 dense fp16.
+TEST(RunPerplexity, BitsCountEverythingStoredForTheWholeModel) {
+  std::unique_ptr<Model> model = Model::load(testing::fixture("hf-tiny/llama"));
+  const SafetensorsFile ref =
+      SafetensorsFile::open(testing::fixture("hf-tiny/llama/reference.safetensors"));
+  const std::vector<int64_t> ids64 = SafetensorsFile::to_i64(ref.at("input_ids"));
+  const std::vector<int32_t> ids(ids64.begin(), ids64.end());
+  KVOptions o;
+  o.kv_bits = 3.5;
+  o.kv_centering = "keys";
+  PerplexityOptions options;
+  options.context = 7;
+  options.max_chunks = 2;
+  options.kv = resolve_kv_options(o);
+  const PerplexityResult r = run_perplexity(*model, ids, options);
+  const double quant_bytes = 7.0 * 2 * (8 + 10) + 2 * 16 * 2;  // per chunk
+  const double dense_bytes = 7.0 * 2 * 16 * 2 * 2;
+  const double elements = 7.0 * 2 * 16 * 2;  // per layer per chunk
+  EXPECT_DOUBLE_EQ(r.kv_bits_quantized_layers, 8 * quant_bytes / elements);
+  EXPECT_DOUBLE_EQ(r.kv_bits_effective, 8 * (quant_bytes + dense_bytes) / (2 * elements));
+}
+
+// A sweep scores every setting against one dense pass as run_perplexity scores each alone.
+TEST(RunPerplexitySweep, EqualsOneRunPerSetting) {
+  std::unique_ptr<Model> model = Model::load(testing::fixture("hf-tiny/llama"));
+  const SafetensorsFile ref =
+      SafetensorsFile::open(testing::fixture("hf-tiny/llama/reference.safetensors"));
+  const std::vector<int64_t> ids64 = SafetensorsFile::to_i64(ref.at("input_ids"));
+  const std::vector<int32_t> ids(ids64.begin(), ids64.end());
+  PerplexityOptions options;
+  options.context = 11;
+  options.tokens_per_forward = 4;
+  std::vector<ResolvedKV> kvs;
+  for (const char* flags : {"3.5", "2.5", "4"}) {
+    KVOptions o;
+    o.kv_bits = parse_kv_bits(flags);
+    o.kv_quant_scheme = "turboquant";
+    o.last_layer_dense = false;
+    kvs.push_back(resolve_kv_options(o));
+  }
+  KVOptions u;
+  u.kv_bits = 4;
+  u.kv_hadamard = true;
+  kvs.push_back(resolve_kv_options(u));
+  const std::vector<PerplexityResult> sweep = run_perplexity_sweep(*model, ids, options, kvs);
+  ASSERT_EQ(sweep.size(), kvs.size());
+  for (size_t i = 0; i < kvs.size(); ++i) {
+    options.kv = kvs[i];
+    const PerplexityResult one = run_perplexity(*model, ids, options);
+    EXPECT_EQ(sweep[i].stats.tokens, one.stats.tokens);
+    EXPECT_NEAR(sweep[i].stats.nll_sum, one.stats.nll_sum, 1e-6 * one.stats.nll_sum) << i;
+    EXPECT_NEAR(sweep[i].stats.kld_sum, one.stats.kld_sum, 1e-6 + 1e-4 * one.stats.kld_sum) << i;
+    EXPECT_EQ(sweep[i].kv_bits_effective, one.kv_bits_effective);
+    EXPECT_GT(sweep[i].stats.kld_sum, 0) << i;
+  }
+  EXPECT_THROW(run_perplexity_sweep(*model, ids, options, {}), InvalidArgument);
+  EXPECT_THROW(run_perplexity_sweep(*model, ids, options, {ResolvedKV{}}), InvalidArgument);
 }
 
 }  // namespace

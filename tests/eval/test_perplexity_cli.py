@@ -71,6 +71,41 @@ def test_kv_scheme_reports_dense_baseline_kld_and_agreement(text_file, flags, sc
     assert out["ppl"] != out["ppl_dense"]
 
 
+def test_sweep_scores_each_setting_as_a_single_run(text_file, tmp_path):
+    settings = ["--kv-bits 3.5",
+                "--kv-bits 3.5 --kv-centering both --kv-sink-tokens 4 --quantize-last-layer",
+                "--kv-bits 4  # uniform groups of 64",
+                "--kv-bits 4 --kv-hadamard --kv-layer-bits 0:dense"]
+    sweep = tmp_path / "sweep.txt"
+    sweep.write_text("# one setting per line\n\n" + "\n".join(settings) + "\n")
+    csv_path, json_path = tmp_path / "table.csv", tmp_path / "table.json"
+    out = perplexity(text_file, "--sweep", str(sweep), "--csv", str(csv_path), "--json-out",
+                     str(json_path))
+    rows = out["settings"]
+    assert [r["setting"] for r in rows] == [s.split("#")[0].strip() for s in settings]
+    assert json.loads(json_path.read_text()) == rows
+    lines = csv_path.read_text().splitlines()
+    assert lines[0].startswith("setting,kv_scheme,kv_bits_effective") and len(lines) == 5
+    for setting, row in zip(settings, rows):
+        single = perplexity(text_file, *setting.split("#")[0].split())
+        assert row["kld_mean"] == pytest.approx(single["kld_mean"], rel=1e-4, abs=1e-7)
+        assert row["ppl"] == pytest.approx(single["ppl"], rel=1e-5)
+        assert row["kv_bits_effective"] == single["kv_bits_effective"]
+        assert row["kv_bits_quantized_layers"] == single["kv_bits_quantized_layers"]
+    # Whole-model bits count the dense last layer (fp16) of the default: 5 of 6 layers coded.
+    assert rows[0]["kv_bits_effective"] == pytest.approx(
+        (5 * rows[0]["kv_bits_quantized_layers"] + 16) / 6)
+    # Every layer coded: the two numbers agree.
+    assert rows[1]["kv_bits_effective"] == rows[1]["kv_bits_quantized_layers"]
+    bad = tmp_path / "bad.txt"
+    for text, needle in [("--kv-bits 3.5 --kv-centering sideways\n", "line 1"),
+                         ("\n# nothing\n", "no settings"),
+                         ("--kv-bits 4 --kv-sink-tokens 4\n", "kv_sink_tokens")]:
+        bad.write_text(text)
+        result = run("perplexity", "--model", MODEL, "--file", text_file, "--sweep", str(bad))
+        assert result.returncode == 2 and needle in result.stderr, result.stderr
+
+
 def test_errors_are_one_line_with_exit_codes(text_file):
     bad_bits = run("perplexity", "--model", MODEL, "--file", text_file, "--kv-bits", "3.3")
     assert bad_bits.returncode == 2 and "3.3" in bad_bits.stderr

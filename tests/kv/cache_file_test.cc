@@ -79,10 +79,33 @@ void write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
   out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
 }
 
+// The TurboQuant levers and the uniform rotation: means, sinks and per-layer bits in the file.
+ResolvedKV with_levers(double bits, const std::string& scheme) {
+  KVOptions o;
+  o.kv_bits = bits;
+  o.kv_quant_scheme = scheme;
+  o.last_layer_dense = false;
+  if (scheme == "turboquant") {
+    o.kv_centering = "both";
+    o.kv_sink_tokens = 3;
+    o.kv_allocation = "keys";
+    o.kv_layer_bits = "0:4/2.5,-1:dense";
+  } else {
+    o.kv_hadamard = true;
+    o.kv_layer_bits = "0:3/5";
+  }
+  return resolve_kv_options(o);
+}
+
 TEST(CacheFile, RoundTripGivesIdenticalAttentionForEveryCacheType) {
-  const ResolvedKV configs[] = {
-      ResolvedKV{},          options(3.5, "turboquant"),     options(3, "turboquant"),
-      options(4, "uniform"), options(3.5, "turboquant", 20), options(3.5, "turboquant", 500)};
+  const ResolvedKV configs[] = {ResolvedKV{},
+                                options(3.5, "turboquant"),
+                                options(3, "turboquant"),
+                                options(4, "uniform"),
+                                options(3.5, "turboquant", 20),
+                                options(3.5, "turboquant", 500),
+                                with_levers(3.5, "turboquant"),
+                                with_levers(4, "uniform")};
   for (const ResolvedKV& kv : configs) {
     LayerCaches saved = make_layer_caches(kLayers, kv);
     fill(saved, 40, 5);
@@ -138,6 +161,12 @@ TEST(CacheFile, OtherModelOrConfigurationIsInvalidArgument) {
   expect_invalid(make_layer_caches(kLayers, options(2.5, "turboquant")), "key bits");
   expect_invalid(make_layer_caches(kLayers, options(3.5, "turboquant", 0, 7)), "seed");
   expect_invalid(make_layer_caches(kLayers, options(4, "uniform")), "cache type");
+  ResolvedKV centered = kv;
+  centered.center_keys = true;
+  expect_invalid(make_layer_caches(kLayers, centered), "key centering");
+  ResolvedKV sinks = kv;
+  sinks.sink_tokens = 2;
+  expect_invalid(make_layer_caches(kLayers, sinks), "sink tokens");
   expect_invalid(make_layer_caches({{2, 64, 0}, {2, 64, 8}, {2, 64, 0}, {2, 64, 0}}, kv),
                  "sliding window");
 }
@@ -174,6 +203,9 @@ TEST(CacheFile, TruncatedCorruptedOrForeignFilesAreFormatErrors) {
   std::vector<uint8_t> version_1 = good;
   version_1[8] = 1;
   expect_format_error(version_1, "version 1 cache file");
+  std::vector<uint8_t> version_2 = good;
+  version_2[8] = 2;
+  expect_format_error(version_2, "version 2 cache file");
   std::vector<uint8_t> text(good.size(), 'x');
   expect_format_error(text, "not a turbokv cache file");
   EXPECT_THROW(CacheFileReader(temp_path("missing.tkv")), IoError);

@@ -128,6 +128,38 @@ TEST(CachePolicy, PlanNamesEachLayersCacheAndItsSettings) {
             (std::vector<std::string>{"dense-f16", "rotating", "dense-f16", "dense-f16"}));
 }
 
+TEST(CachePolicy, LayerOverridesAndSoftCappedLayers) {
+  KVOptions o = bits(3.5);
+  o.kv_layer_bits = "0:4/5,-2:dense,-1:2/3";  // -2: layer 2 of 4
+  o.kv_centering = "both";
+  o.kv_sink_tokens = 2;
+  std::vector<LayerSpec> layers = {{2, 64, 0}, {2, 64, 0}, {2, 64, 0}, {2, 64, 0}};
+  layers[3].logit_softcap = 30.0f;
+  const std::vector<LayerCachePlan> plan = plan_layer_caches(layers, resolved(o));
+  EXPECT_EQ(plan[0].kind, LayerCacheKind::kTurboQuant);
+  EXPECT_EQ(plan[0].turboquant.key_bits, 4);
+  EXPECT_EQ(plan[0].turboquant.value_bits, 5);
+  EXPECT_EQ(plan[1].turboquant.key_bits, 3);  // the request's bits
+  EXPECT_EQ(plan[2].kind, LayerCacheKind::kDense);
+  // The last layer: an override beats last_layer_dense; soft-capped, its keys stay uncentered.
+  EXPECT_EQ(plan[3].kind, LayerCacheKind::kTurboQuant);
+  EXPECT_EQ(plan[3].turboquant.key_bits, 2);
+  EXPECT_FALSE(plan[3].turboquant.center_keys);
+  EXPECT_TRUE(plan[3].turboquant.center_values);
+  EXPECT_TRUE(plan[0].turboquant.center_keys);
+  EXPECT_EQ(plan[0].turboquant.sink_tokens, 2);
+  o.kv_layer_bits = "0:4/5";
+  o.kv_bits = 4;
+  o.kv_quant_scheme = "uniform";
+  o.kv_centering.reset();
+  o.kv_sink_tokens.reset();
+  o.kv_hadamard = true;
+  const std::vector<LayerCachePlan> uniform = plan_layer_caches(layers, resolved(o));
+  EXPECT_EQ(uniform[0].uniform.value_bits, 5);
+  EXPECT_TRUE(uniform[1].uniform.hadamard);
+  EXPECT_EQ(uniform[3].kind, LayerCacheKind::kDense);
+}
+
 TEST(CachePolicy, BadOptionsAreInvalidArgument) {
   ResolvedKV kv = resolved(bits(3.5));
   kv.quantized_kv_start = -1;

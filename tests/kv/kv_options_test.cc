@@ -63,5 +63,70 @@ TEST(KVOptions, InvalidValuesNameWhatIsAllowed) {
   EXPECT_EQ(parse_kv_bits("3.5"), 3.5);
 }
 
+TEST(KVOptions, LayerBitsParseAndCheckPerScheme) {
+  KVOptions o;
+  o.kv_bits = 3.5;
+  o.kv_layer_bits = "0:4/5,-1:dense,2:2.5";
+  const ResolvedKV r = resolve_kv_options(o);
+  ASSERT_EQ(r.layer_bits.size(), 3u);
+  EXPECT_EQ(r.layer_bits[0].layer, 0);
+  EXPECT_EQ(r.layer_bits[0].key_bits, 4);
+  EXPECT_EQ(r.layer_bits[0].value_bits, 5);
+  EXPECT_EQ(r.layer_bits[1].layer, -1);
+  EXPECT_TRUE(r.layer_bits[1].dense);
+  EXPECT_EQ(r.layer_bits[2].key_bits, 2.5);
+  EXPECT_EQ(r.layer_bits[2].value_bits, 2.5);
+  EXPECT_EQ(layer_bits_text(r.layer_bits), "0:4/5,-1:dense,2:2.5/2.5");
+  for (const char* bad : {"4/5", "x:4", "0:", "0:4/", "0:9", "0:2.25", ":4"}) {
+    o.kv_layer_bits = bad;
+    try {
+      resolve_kv_options(o);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.param(), "kv_layer_bits") << bad;
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    }
+  }
+  o.kv_bits = 4;  // uniform: integers only
+  o.kv_layer_bits = "1:3.5";
+  EXPECT_THROW(resolve_kv_options(o), InvalidArgument);
+  o.kv_layer_bits = "1:3/8";
+  EXPECT_EQ(resolve_kv_options(o).layer_bits[0].value_bits, 8);
+}
+
+TEST(KVOptions, LeverValuesAreCheckedAndNamed) {
+  const auto param_of = [](const KVOptions& o) {
+    try {
+      resolve_kv_options(o);
+    } catch (const InvalidArgument& e) {
+      return e.param();
+    }
+    return std::string("accepted");
+  };
+  KVOptions o;
+  o.kv_bits = 3.5;
+  o.kv_centering = "sideways";
+  EXPECT_EQ(param_of(o), "kv_centering");
+  o.kv_centering = "values";
+  const ResolvedKV r = resolve_kv_options(o);
+  EXPECT_FALSE(r.center_keys);
+  EXPECT_TRUE(r.center_values);
+  o.kv_sink_tokens = -1;
+  EXPECT_EQ(param_of(o), "kv_sink_tokens");
+  o.kv_sink_tokens = 70000;
+  EXPECT_EQ(param_of(o), "kv_sink_tokens");
+  o.kv_sink_tokens = 4;
+  EXPECT_EQ(resolve_kv_options(o).sink_tokens, 4);
+  o.kv_allocation = "greedy";
+  EXPECT_EQ(param_of(o), "kv_allocation");
+  o.kv_allocation = "none";
+  o.kv_budget = 3.75;  // a budget without the allocation
+  EXPECT_EQ(param_of(o), "kv_budget");
+  o.kv_allocation = "auto";
+  EXPECT_EQ(resolve_kv_options(o).budget_bits, 3.75);
+  o.kv_budget = 0.5;
+  EXPECT_EQ(param_of(o), "kv_budget");
+}
+
 }  // namespace
 }  // namespace turbokv

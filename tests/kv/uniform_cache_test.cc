@@ -69,3 +69,50 @@ TEST(UniformKVCache, Append16Then1EqualsAppend17Bitwise) {
 
 }  // namespace
 }  // namespace turbokv
+
+namespace turbokv {
+namespace {
+
+TEST(UniformHadamard, AttendMatchesReferenceOnDequantizedCache) {
+  uint32_t seed = 900;
+  for (const testing::AttentionCase& c : testing::attention_cases()) {
+    const auto in = testing::make_inputs(c, seed++);
+    const UniformKVConfig config{int(2 + seed % 3), 4, 32, true, 5};
+    UniformKVCache cache(c.kv_heads, c.head_dim, config);
+    cache.append(in.k.data(), in.v.data(), static_cast<int>(c.n_tokens()));
+    const DenseKVCache dequantized = cache.to_dense();
+    auto expected = testing::output_buffer(c);
+    attention_reference(dequantized.view(), AttentionQueries{in.q.data(), c.n_q, c.n_past},
+                        c.params(), expected.data());
+    auto got = testing::output_buffer(c);
+    cache.attend(in.q.data(), c.n_q, c.params(), got.data());
+    testing::expect_attention_close(c, expected, got, 2e-4, "uniform + hadamard");
+  }
+}
+
+TEST(UniformHadamard, CodesAreTheGroupsOfTheRotatedVector) {
+  const int kv_heads = 2, d = 128, n = 5;
+  const auto k = testing::random_normal(size_t(n) * kv_heads * d, 910);
+  const auto v = testing::random_normal(size_t(n) * kv_heads * d, 911);
+  UniformKVCache cache(kv_heads, d, {3, 4, 64, true, 7});
+  cache.append(k.data(), v.data(), n);
+  const quant::UniformCodec codec({d, 3, 64});
+  const auto rotation = quant::Rotation::get(7, d, quant::RotationRole::kKey);
+  std::vector<float> rotated(d);
+  std::vector<uint8_t> codes(codec.code_bytes());
+  std::vector<uint16_t> params(size_t(codec.params_per_vector()));
+  for (int t = 0; t < n; ++t) {
+    for (int h = 0; h < kv_heads; ++h) {
+      rotation->apply(&k[(size_t(t) * kv_heads + h) * d], rotated.data());
+      codec.quantize(rotated.data(), codes.data(), params.data());
+      EXPECT_EQ(std::memcmp(codes.data(), cache.key_rows().codes(h, t), codes.size()), 0);
+      EXPECT_EQ(std::memcmp(params.data(), cache.key_rows().aux(h, t), params.size() * 2), 0);
+    }
+  }
+  // Same bytes as without the rotation: it is not stored.
+  EXPECT_EQ(cache.nbytes(),
+            UniformKVCache(kv_heads, d, {3, 4, 64}).bytes_per_token_head() * n * kv_heads);
+}
+
+}  // namespace
+}  // namespace turbokv
