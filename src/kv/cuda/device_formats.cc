@@ -340,6 +340,17 @@ std::string format_key(const LayerCachePlan& p, DenseElem elem, bool fused) {
 
 std::shared_ptr<const DeviceFormat> make_device_format(const LayerCachePlan& p, DenseElem elem,
                                                        bool fused) {
+  // Levers of the CPU caches the device kernels do not implement yet: refused by name rather
+  // than served with other arithmetic than the CPU's.
+  if (p.kind == LayerCacheKind::kTurboQuant &&
+      (p.turboquant.center_keys || p.turboquant.center_values || p.turboquant.sink_tokens > 0)) {
+    throw Unsupported("--device cuda: kv_centering and kv_sink_tokens have no GPU path yet; use "
+                      "--device cpu or leave them at none / 0");
+  }
+  if (p.kind == LayerCacheKind::kUniform && p.uniform.hadamard) {
+    throw Unsupported("--device cuda: the uniform cache with a Hadamard rotation has no GPU path "
+                      "yet; use --device cpu");
+  }
   switch (p.kind) {
     case LayerCacheKind::kDense:
       if (fused && elem == DenseElem::kF16 && p.head_dim == 128) {
