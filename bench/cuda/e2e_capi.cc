@@ -30,10 +30,16 @@ auto guarded(Fn fn, decltype(fn()) failed) {
 ResolvedKV parse_kv(const char* spec) {
   const std::string s = spec;
   if (s == "dense") return ResolvedKV{};
+  // BITS[:SCHEME[:ALLOCATION]], e.g. "3.5", "4:uniform", "3.5:turboquant:none".
   KVOptions o;
   const size_t colon = s.find(':');
   o.kv_bits = parse_kv_bits(s.substr(0, colon));
-  if (colon != std::string::npos) o.kv_quant_scheme = s.substr(colon + 1);
+  if (colon != std::string::npos) {
+    const std::string rest = s.substr(colon + 1);
+    const size_t second = rest.find(':');
+    o.kv_quant_scheme = rest.substr(0, second);
+    if (second != std::string::npos) o.kv_allocation = rest.substr(second + 1);
+  }
   return resolve_kv_options(o);
 }
 
