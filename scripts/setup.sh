@@ -6,9 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(cmake ninja-build g++ pkg-config git curl python3 python3-dev python3-pytest
-          python3-numpy libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
-          libcpp-httplib-dev libcli11-dev pybind11-dev libpcre2-dev libutf8proc-dev
-          libopenblas-dev nodejs npm)
+          python3-numpy python3-matplotlib libgtest-dev libgmock-dev libbenchmark-dev
+          nlohmann-json3-dev libcpp-httplib-dev libcli11-dev pybind11-dev libpcre2-dev
+          libutf8proc-dev libopenblas-dev nodejs npm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -55,8 +55,9 @@ std::vector<int64_t> parse_contexts(const std::string& text) {
   return contexts;
 }
 
-// "3.5,4" -> the TurboQuant cache configurations of --kv-bits 3.5 and 4 (keys floor, values
-// ceil, as resolve_kv_options selects them, with its default levers), each followed by
+// "3.5,4,4/3" -> the TurboQuant cache configurations of --kv-bits 3.5 and 4 (keys floor, values
+// ceil, as resolve_kv_options selects them, with its default levers) and of keys 4 / values 3
+// (the layers after the first of the default 3.5 split), each followed by
 // "<bits>_plain", the same bits with every lever off, when the defaults turn any on.
 std::vector<std::pair<std::string, TurboQuantKVConfig>> parse_turboquant_bits(
     const std::string& text) {
@@ -64,7 +65,13 @@ std::vector<std::pair<std::string, TurboQuantKVConfig>> parse_turboquant_bits(
   std::stringstream in(text);
   for (std::string item; std::getline(in, item, ',');) {
     KVOptions options;
-    options.kv_bits = parse_kv_bits(item, "--turboquant-bits");
+    const size_t slash = item.find('/');  // "K/V": explicit key and value bits
+    if (slash == std::string::npos) {
+      options.kv_bits = parse_kv_bits(item, "--turboquant-bits");
+    } else {
+      options.kv_key_bits = parse_kv_bits(item.substr(0, slash), "--turboquant-bits");
+      options.kv_value_bits = parse_kv_bits(item.substr(slash + 1), "--turboquant-bits");
+    }
     options.kv_quant_scheme = "turboquant";
     const TurboQuantKVConfig defaults = turboquant_config(resolve_kv_options(options));
     configs.emplace_back(item, defaults);
@@ -303,8 +310,10 @@ int bench_main(int argc, char** argv) {
       ->check(integer_in(0, 1024));
   attention_cmd->add_option("--repeats", attention.repeats, "timed runs per kernel (median)")
       ->check(integer_in(0, 1 << 20));
-  attention_cmd->add_option("--turboquant-bits", attention.turboquant_bits,
-                            "comma-separated TurboQuant --kv-bits to compare (e.g. 3.5,4,2.5)");
+  attention_cmd->add_option(
+      "--turboquant-bits", attention.turboquant_bits,
+      "comma-separated TurboQuant --kv-bits to compare (e.g. 3.5,4,2.5; K/V for "
+      "explicit key and value bits, e.g. 4/3)");
   attention_cmd->add_option("--isa", attention.isa,
                             "kernels' instruction set: best, avx512, avx2, scalar");
   attention_cmd->add_flag("--json", attention.json, "print one JSON object");

@@ -114,6 +114,8 @@ Json parse_json_located(const std::string& text, const std::string& what) {
   } catch (const nlohmann::json::parse_error& e) {
     const size_t byte = e.byte > 0 ? e.byte - 1 : 0;  // nlohmann counts from 1
     throw FormatError(located(byte) + e.what());
+  } catch (const nlohmann::json::out_of_range& e) {  // a number past double, e.g. 1e999
+    throw FormatError(str_cat(what, ": malformed JSON: ", e.what()));
   }
 }
 template nlohmann::json parse_json_located<nlohmann::json>(const std::string&, const std::string&);

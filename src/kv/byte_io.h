@@ -55,6 +55,7 @@ class ByteReader {
       throw FormatError(str_cat("cache file is truncated: reading ", what, " needs ", n,
                                 " bytes at offset ", pos_, ", ", size_ - pos_, " left"));
     }
+    if (n == 0) return;  // out may be an empty vector's null data(): no memcpy from or to null
     std::memcpy(out, data_ + pos_, n);
     pos_ += n;
   }

@@ -58,7 +58,8 @@ void DenseRows::reserve(int64_t rows) {
   const size_t head_bytes = row_bytes() * new_capacity;
   for (auto* buffer : {&keys_, &values_}) {
     std::vector<uint8_t> grown(head_bytes * kv_heads_);
-    for (int h = 0; h < kv_heads_; ++h) {
+    // An empty buffer's data() may be null, and memcpy from null is undefined even for 0 bytes.
+    for (int h = 0; h < kv_heads_ && rows_ > 0; ++h) {
       std::memcpy(grown.data() + h * head_bytes, buffer->data() + h * row_bytes() * capacity_,
                   row_bytes() * rows_);
     }

@@ -91,7 +91,8 @@ void resolve_turboquant_levers(const KVOptions& o, ResolvedKV& r) {
         str_cat("kv_sink_tokens=", r.sink_tokens, " is out of range (allowed 0..65536)"),
         "kv_sink_tokens");
   }
-  const std::string allocation = o.kv_allocation.value_or("none");
+  const bool mlx_split = o.kv_bits && !is_integer(*o.kv_bits) && !o.kv_key_bits && !o.kv_value_bits;
+  const std::string allocation = o.kv_allocation.value_or(mlx_split ? "keys" : "none");
   if (allocation == "none") {
     r.allocation = KVAllocation::kNone;
   } else if (allocation == "keys") {

@@ -9,14 +9,18 @@
 //    valid: multiples of 0.5 in [1, 8];
 //  - otherwise integer bits 2..8 -> uniform affine groups of kv_group_size (32, 64, 128).
 //
-// TurboQuant levers (each off by default: plain TurboQuant):
-//  - kv_centering ("none"): per-head means subtracted before coding (kv/turboquant_kv_cache.h);
-//    "keys", "values" or "both";
-//  - kv_sink_tokens (0): the first positions of a sequence stored in fp16;
-//  - kv_allocation ("none": the mlx-vlm split in every layer): "keys" swaps the split of a
-//    fractional kv_bits in every TurboQuant layer but layer 0 (keys ceil, values floor; same
-//    bytes); "auto" measures per-layer bits on a sequence's first chunk under a budget
-//    (kv/kv_allocation.h; kv_budget, default the plain setting's bits; perplexity only);
+// TurboQuant levers; every one can be switched off, all off is plain TurboQuant (defaults:
+// docs/benchmarks.md, "KV quality levers and the Pareto frontier"):
+//  - kv_centering (default "none"): per-head means subtracted before coding
+//    (kv/turboquant_kv_cache.h): "keys", "values" or "both". Off by default: the means are
+//    estimated on a sequence's first chunk, which a prefix cache or session must then share;
+//  - kv_sink_tokens (default 0): the first positions of a sequence stored in fp16;
+//  - kv_allocation: "keys" (the default when kv_bits is fractional and neither kv_key_bits nor
+//    kv_value_bits is given) gives every TurboQuant layer but layer 0 keys ceil(kv_bits) and
+//    values floor(kv_bits); layer 0 keeps keys floor, values ceil (same bytes). "none" (the
+//    default otherwise): the mlx-vlm split in every layer. "auto": per-layer bits measured on a
+//    sequence's first chunk under a budget (kv/kv_allocation.h; kv_budget, default the plain
+//    setting's bits; perplexity only);
 //  - kv_layer_bits: explicit per-layer bits or dense layers (boundary layers), applied last.
 // The uniform scheme takes kv_hadamard and kv_layer_bits only.
 #pragma once

@@ -44,6 +44,22 @@ TEST(JsonDepth, ParseRefusesDeepNestingWithItsLocation) {
   EXPECT_TRUE(ok.is_array());
 }
 
+// nlohmann reports a number past double (1e999) as out_of_range, not parse_error: still a
+// FormatError naming the file and the number.
+TEST(JsonParse, NumberOverflowIsAFormatError) {
+  for (const char* text : {R"({"vocab_size": 1e999})", "[-111e308]"}) {
+    try {
+      parse_json_located<nlohmann::json>(text, "tokenizer.json");
+      FAIL() << "no error for " << text;
+    } catch (const FormatError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("tokenizer.json: malformed JSON"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("number overflow"), std::string::npos) << msg;
+    }
+    EXPECT_THROW(parse_json_located<nlohmann::ordered_json>(text, "vars.json"), FormatError);
+  }
+}
+
 TEST(JsonExcerpt, ShortAndBoundedForAnyValue) {
   EXPECT_EQ(json_excerpt(nlohmann::json("many")), "\"many\"");
   EXPECT_EQ(json_excerpt(nlohmann::json::parse(R"({"a": [1, 2]})")), R"({"a": [1, 2]})");

@@ -131,6 +131,7 @@ TEST(CachePolicy, PlanNamesEachLayersCacheAndItsSettings) {
 TEST(CachePolicy, LayerOverridesAndSoftCappedLayers) {
   KVOptions o = bits(3.5);
   o.kv_layer_bits = "0:4/5,-2:dense,-1:2/3";  // -2: layer 2 of 4
+  o.kv_allocation = "none";                   // layer 1 keeps the request's K3/V4
   o.kv_centering = "both";
   o.kv_sink_tokens = 2;
   std::vector<LayerSpec> layers = {{2, 64, 0}, {2, 64, 0}, {2, 64, 0}, {2, 64, 0}};
@@ -153,11 +154,50 @@ TEST(CachePolicy, LayerOverridesAndSoftCappedLayers) {
   o.kv_quant_scheme = "uniform";
   o.kv_centering.reset();
   o.kv_sink_tokens.reset();
+  o.kv_allocation.reset();
   o.kv_hadamard = true;
   const std::vector<LayerCachePlan> uniform = plan_layer_caches(layers, resolved(o));
   EXPECT_EQ(uniform[0].uniform.value_bits, 5);
   EXPECT_TRUE(uniform[1].uniform.hadamard);
   EXPECT_EQ(uniform[3].kind, LayerCacheKind::kDense);
+}
+
+// The defaults of a bare kv_bits (kv/kv_resolve.h): for a fractional width the "keys" split in
+// every layer but layer 0, nothing centered; every lever off is plain TurboQuant.
+TEST(CachePolicy, DefaultLeversAndPlainTurboQuant) {
+  const std::vector<LayerSpec> layers = {{2, 64, 0}, {2, 64, 0}, {2, 64, 0}, {2, 64, 0}};
+  const ResolvedKV defaults = resolved(bits(3.5));
+  EXPECT_FALSE(defaults.center_keys);
+  EXPECT_FALSE(defaults.center_values);
+  EXPECT_EQ(defaults.sink_tokens, 0);
+  EXPECT_EQ(defaults.allocation, KVAllocation::kKeys);
+  const std::vector<LayerCachePlan> plan = plan_layer_caches(layers, defaults);
+  EXPECT_EQ(plan[0].turboquant.key_bits, 3);  // layer 0 keeps keys floor, values ceil
+  EXPECT_EQ(plan[0].turboquant.value_bits, 4);
+  for (int i : {1, 2}) {
+    EXPECT_EQ(plan[i].turboquant.key_bits, 4) << i;
+    EXPECT_EQ(plan[i].turboquant.value_bits, 3) << i;
+    EXPECT_FALSE(plan[i].turboquant.center_keys) << i;
+  }
+  EXPECT_EQ(plan[3].kind, LayerCacheKind::kDense);
+  // Integer widths and explicit key or value bits keep the split they ask for.
+  KVOptions four = bits(4);
+  four.kv_quant_scheme = "turboquant";
+  EXPECT_EQ(resolved(four).allocation, KVAllocation::kNone);
+  KVOptions explicit_bits = bits(3.5);
+  explicit_bits.kv_key_bits = 3;
+  EXPECT_EQ(resolved(explicit_bits).allocation, KVAllocation::kNone);
+  // Every lever off: the configuration of plain TurboQuant in every layer.
+  KVOptions plain = bits(3.5);
+  plain.kv_centering = "none";
+  plain.kv_allocation = "none";
+  for (const LayerCachePlan& p : plan_layer_caches(layers, resolved(plain))) {
+    if (p.kind != LayerCacheKind::kTurboQuant) continue;
+    EXPECT_EQ(p.turboquant.key_bits, 3);
+    EXPECT_EQ(p.turboquant.value_bits, 4);
+    EXPECT_FALSE(p.turboquant.center_keys || p.turboquant.center_values);
+    EXPECT_EQ(p.turboquant.sink_tokens, 0);
+  }
 }
 
 TEST(CachePolicy, BadOptionsAreInvalidArgument) {
