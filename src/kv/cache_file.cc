@@ -93,13 +93,18 @@ ResolvedKV read_kv(ByteReader& in) {
     bits.dense = in.get<uint8_t>("per-layer bits dense") != 0;
     bits.key_bits = in.get<double>("per-layer key bits");
     bits.value_bits = in.get<double>("per-layer value bits");
-    if (!std::isfinite(bits.key_bits) || !std::isfinite(bits.value_bits)) {
+    if (!(bits.key_bits >= 0 && bits.key_bits <= 64) ||
+        !(bits.value_bits >= 0 && bits.value_bits <= 64)) {
       throw FormatError("cache file: malformed per-layer bits");
     }
     kv.layer_bits.push_back(bits);
   }
-  if (kv.sink_tokens < 0 || !std::isfinite(kv.budget_bits) || !std::isfinite(kv.key_bits) ||
-      !std::isfinite(kv.value_bits) || kv.quantized_kv_start < 0) {
+  // Ranges wide enough for every setting a cache can hold, narrow enough that no later
+  // conversion to int overflows; the cache records' own checks give the precise rules.
+  const auto bits_ok = [](double b) { return b >= 0 && b <= 64; };
+  if (kv.sink_tokens < 0 || kv.sink_tokens > 65536 || !bits_ok(kv.budget_bits) ||
+      !bits_ok(kv.key_bits) || !bits_ok(kv.value_bits) || kv.group_size < 0 ||
+      kv.group_size > 65536 || kv.quantized_kv_start < 0) {
     throw FormatError("cache file: malformed KV settings");
   }
   return kv;

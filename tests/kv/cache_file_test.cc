@@ -211,6 +211,28 @@ TEST(CacheFile, TruncatedCorruptedOrForeignFilesAreFormatErrors) {
   EXPECT_THROW(CacheFileReader(temp_path("missing.tkv")), IoError);
 }
 
+// Bit counts far outside any setting (a fuzzed file had key bits -2.2e258) are refused when
+// the file is read, before any conversion to int.
+TEST(CacheFile, OutOfRangeKVSettingsAreFormatErrors) {
+  LayerCaches saved = make_layer_caches(kLayers, options(3, "turboquant"));
+  fill(saved, 30, 2);
+  for (double bad : {-2.2e258, 1e300, -1.0, 65.0}) {
+    SCOPED_TRACE(bad);
+    ResolvedKV kv = options(3, "turboquant");
+    kv.key_bits = bad;
+    const std::string path = temp_path("bad-bits.tkv");
+    save_cache_file(path, info_for(kv, 30), saved);
+    LayerCaches caches = make_layer_caches(kLayers, options(3, "turboquant"));
+    try {
+      load(caches, path);
+      ADD_FAILURE() << "no error";
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find("malformed KV settings"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(CacheFile, CachesHoldingMoreTokensThanTheHistoryAreRefused) {
   LayerCaches saved = make_layer_caches(kLayers, options(4, "uniform"));
   fill(saved, 30, 3);
