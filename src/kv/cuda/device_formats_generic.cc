@@ -45,6 +45,26 @@ void blocks_to_rows(const uint8_t* blocks, int kv_heads, int64_t tokens, size_t 
   }
 }
 
+// A cache's key and value rows as blocks, and back (Cache: TurboQuantKVCache or UniformKVCache).
+template <class Cache>
+std::vector<uint8_t> cache_to_blocks(const Cache& cache, int kv_heads, const BlockGeometry& g) {
+  std::vector<uint8_t> blocks(size_t(blocks_for(cache.size())) * g.block_bytes);
+  rows_to_blocks(cache.key_rows(), kv_heads, cache.size(), g.block_bytes, g.k_offset,
+                 g.k_aux_offset, blocks.data());
+  rows_to_blocks(cache.value_rows(), kv_heads, cache.size(), g.block_bytes, g.v_offset,
+                 g.v_aux_offset, blocks.data());
+  return blocks;
+}
+
+template <class Cache>
+void blocks_to_cache(const std::vector<uint8_t>& blocks, int64_t tokens, int kv_heads,
+                     const BlockGeometry& g, Cache& cache) {
+  blocks_to_rows(blocks.data(), kv_heads, tokens, g.block_bytes, g.k_offset, g.k_aux_offset,
+                 cache.key_rows());
+  blocks_to_rows(blocks.data(), kv_heads, tokens, g.block_bytes, g.v_offset, g.v_aux_offset,
+                 cache.value_rows());
+}
+
 std::unique_ptr<quant::TurboQuantCodec> probe_codec(int head_dim, double bits,
                                                     quant::TensorRole role,
                                                     const TurboQuantKVConfig& config) {
@@ -105,20 +125,11 @@ class GenericTQDeviceFormat final : public DeviceFormat {
     if (!key_orders.empty() || !value_orders.empty()) {
       cache->set_channel_orders(key_orders, value_orders);
     }
-    blocks_to_rows(blocks.data(), kv_heads_, tokens, geometry_.block_bytes, geometry_.k_offset,
-                   geometry_.k_aux_offset, cache->key_rows());
-    blocks_to_rows(blocks.data(), kv_heads_, tokens, geometry_.block_bytes, geometry_.v_offset,
-                   geometry_.v_aux_offset, cache->value_rows());
+    blocks_to_cache(blocks, tokens, kv_heads_, geometry_, *cache);
     return cache;
   }
   std::vector<uint8_t> from_host(const KVCache& host) const override {
-    const auto& cache = dynamic_cast<const TurboQuantKVCache&>(host);
-    std::vector<uint8_t> blocks(size_t(blocks_for(cache.size())) * geometry_.block_bytes);
-    rows_to_blocks(cache.key_rows(), kv_heads_, cache.size(), geometry_.block_bytes,
-                   geometry_.k_offset, geometry_.k_aux_offset, blocks.data());
-    rows_to_blocks(cache.value_rows(), kv_heads_, cache.size(), geometry_.block_bytes,
-                   geometry_.v_offset, geometry_.v_aux_offset, blocks.data());
-    return blocks;
+    return cache_to_blocks(dynamic_cast<const TurboQuantKVCache&>(host), kv_heads_, geometry_);
   }
 
  private:
@@ -169,20 +180,11 @@ class UniformDeviceFormat final : public DeviceFormat {
                                    const std::vector<std::vector<int>>&,
                                    const std::vector<std::vector<int>>&) const override {
     auto cache = std::make_unique<UniformKVCache>(kv_heads_, head_dim_, config_);
-    blocks_to_rows(blocks.data(), kv_heads_, tokens, geometry_.block_bytes, geometry_.k_offset,
-                   geometry_.k_aux_offset, cache->key_rows());
-    blocks_to_rows(blocks.data(), kv_heads_, tokens, geometry_.block_bytes, geometry_.v_offset,
-                   geometry_.v_aux_offset, cache->value_rows());
+    blocks_to_cache(blocks, tokens, kv_heads_, geometry_, *cache);
     return cache;
   }
   std::vector<uint8_t> from_host(const KVCache& host) const override {
-    const auto& cache = dynamic_cast<const UniformKVCache&>(host);
-    std::vector<uint8_t> blocks(size_t(blocks_for(cache.size())) * geometry_.block_bytes);
-    rows_to_blocks(cache.key_rows(), kv_heads_, cache.size(), geometry_.block_bytes,
-                   geometry_.k_offset, geometry_.k_aux_offset, blocks.data());
-    rows_to_blocks(cache.value_rows(), kv_heads_, cache.size(), geometry_.block_bytes,
-                   geometry_.v_offset, geometry_.v_aux_offset, blocks.data());
-    return blocks;
+    return cache_to_blocks(dynamic_cast<const UniformKVCache&>(host), kv_heads_, geometry_);
   }
 
  private:
