@@ -12,17 +12,6 @@
 namespace turbokv {
 namespace {
 
-quant::TurboQuantConfig codec_config(int head_dim, double bits, quant::TensorRole role,
-                                     const TurboQuantKVConfig& config) {
-  quant::TurboQuantConfig c;
-  c.dim = head_dim;
-  c.bits = bits;
-  c.seed = config.seed;
-  c.role = role;
-  c.norm_correction = config.norm_correction;
-  return c;
-}
-
 const char* role_name(quant::TensorRole role) {
   return role == quant::TensorRole::kKey ? "key" : "value";
 }
@@ -37,11 +26,23 @@ std::unique_ptr<quant::TurboQuantCodec> make_codec(const quant::TurboQuantConfig
 
 }  // namespace
 
+quant::TurboQuantConfig turboquant_codec_config(int head_dim, double bits, quant::TensorRole role,
+                                                const TurboQuantKVConfig& config) {
+  quant::TurboQuantConfig c;
+  c.dim = head_dim;
+  c.bits = bits;
+  c.seed = config.seed;
+  c.role = role;
+  c.norm_correction = config.norm_correction;
+  return c;
+}
+
 TurboQuantKVCache::Tensor::Tensor(int kv_heads, int head_dim, double tensor_bits,
                                   quant::TensorRole tensor_role, const TurboQuantKVConfig& config)
     : bits(tensor_bits), role(tensor_role), rows([&] {
         check_kv_shape(kv_heads, head_dim);
-        const auto probe = make_codec(codec_config(head_dim, tensor_bits, tensor_role, config));
+        const auto probe =
+            make_codec(turboquant_codec_config(head_dim, tensor_bits, tensor_role, config));
         return PackedRows(kv_heads, probe->code_bytes(), probe->norms_per_vector());
       }()) {}
 
@@ -114,11 +115,13 @@ void TurboQuantKVCache::make_codecs(Tensor& tensor, const float* first_chunk, in
   tensor.codecs.clear();
   tensor.per_head.clear();
   if (!tensor.split()) {
-    tensor.codecs.push_back(make_codec(codec_config(head_dim_, tensor.bits, tensor.role, config_)));
+    tensor.codecs.push_back(
+        make_codec(turboquant_codec_config(head_dim_, tensor.bits, tensor.role, config_)));
   } else {
     std::vector<float> head_rows(static_cast<size_t>(n_tokens) * head_dim_);  // [n, d]
     for (int h = 0; h < kv_heads_; ++h) {
-      quant::TurboQuantConfig c = codec_config(head_dim_, tensor.bits, tensor.role, config_);
+      quant::TurboQuantConfig c =
+          turboquant_codec_config(head_dim_, tensor.bits, tensor.role, config_);
       if (orders != nullptr) {
         c.channel_order = (*orders)[h];
       } else {

@@ -45,6 +45,11 @@ struct TurboQuantKVConfig {
   int sink_tokens = 0;         // the first positions kept as fp16 rows (0..kMaxSinkTokens)
 };
 
+// The codec settings of one tensor (keys or values) of such a cache: its bits, the cache's seed
+// and norm correction. Device caches build their codecs from the same settings.
+quant::TurboQuantConfig turboquant_codec_config(int head_dim, double bits, quant::TensorRole role,
+                                                const TurboQuantKVConfig& config);
+
 class TurboQuantKVCache : public KVCache {
  public:
   // Throws InvalidArgument for bad dims or bits.

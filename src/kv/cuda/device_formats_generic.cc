@@ -68,14 +68,8 @@ void blocks_to_cache(const std::vector<uint8_t>& blocks, int64_t tokens, int kv_
 std::unique_ptr<quant::TurboQuantCodec> probe_codec(int head_dim, double bits,
                                                     quant::TensorRole role,
                                                     const TurboQuantKVConfig& config) {
-  quant::TurboQuantConfig c;
-  c.dim = head_dim;
-  c.bits = bits;
-  c.seed = config.seed;
-  c.role = role;
-  c.norm_correction = config.norm_correction;
-  return quant::make_turboquant_codec(c);  // a split codec in natural order: the channel
-                                           // orders are per sequence (TQSequenceState)
+  // A split codec in natural order: the channel orders are per sequence (TQSequenceState).
+  return quant::make_turboquant_codec(turboquant_codec_config(head_dim, bits, role, config));
 }
 
 class GenericTQDeviceFormat final : public DeviceFormat {
