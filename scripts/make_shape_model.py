@@ -5,7 +5,12 @@ GPU benchmarks (turbokv and the PyTorch baseline in bench/cuda/e2e_bench.py read
   attn4      4 layers, hidden 4096, 32 query / 8 KV heads, head_dim 128, FFN 1024, vocab 8192
   llama3-8b  32 layers, hidden 4096, 32 / 8 heads, head_dim 128, FFN 14336, vocab 128256
 
-usage: scripts/make_shape_model.py NAME OUT_DIR [--seed S] [--max-position N]
+usage: scripts/make_shape_model.py NAME OUT_DIR [--seed S] [--max-position N] [--weights mlx4]
+
+--weights mlx4 writes the same random weights (same seed) quantized to MLX affine 4-bit groups
+of 64 (uint32 codes, bf16 scales and biases, embedding and lm_head included, as mlx-community's
+"-4bit" checkpoints are), for the 4-bit vs bf16 decode comparison; the quantization runs on
+the GPU when there is one.
 
 Needs PyTorch and safetensors (the GPU machine's Python has both); tensors are drawn on the
 GPU when there is one. The tokenizer is the shipped model's (vocab 8192): token ids past it
@@ -29,6 +34,47 @@ SHAPES = {
 SHARD_BYTES = 4 << 30
 
 
+def quantize_mlx4(torch, w, group=64):
+    """MLX affine 4-bit quantization of a [rows, cols] matrix, as mlx.core.quantize does:
+    per group of 64 inputs scale = (max - min) / 15 and bias = min (both rounded to bf16),
+    q = round((w - bias) / scale) in 0..15, packed 8 per uint32 word, LSB first. Returns the
+    codes [rows, cols / 8] (as int32, the same bits), scales and biases [rows, cols / 64]."""
+    rows, cols = w.shape
+    x = w.float().reshape(rows, cols // group, group)
+    lo, hi = x.amin(dim=2), x.amax(dim=2)
+    scale = ((hi - lo) / 15.0).to(torch.bfloat16)
+    bias = lo.to(torch.bfloat16)
+    s = scale.float().clamp_min(1e-12).unsqueeze(2)
+    q = torch.round((x - bias.float().unsqueeze(2)) / s).clamp(0, 15).to(torch.int64)
+    q = q.reshape(rows, cols // 8, 8)
+    words = torch.zeros(rows, cols // 8, dtype=torch.int64, device=w.device)
+    for j in range(8):
+        words |= q[:, :, j] << (4 * j)
+    words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+    return words, scale, bias
+
+
+def write_safetensors(path, tensors, torch):
+    """A safetensors file of the tensors (int32 tensors are written as U32: MLX codes)."""
+    names = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32",
+             torch.int32: "U32"}
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for t in tensors.values():
+            t = t.contiguous().cpu()
+            if t.dtype in (torch.bfloat16, torch.float16):
+                t = t.view(torch.int16)
+            f.write(t.numpy().tobytes())
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("name", choices=sorted(SHAPES))
@@ -36,12 +82,13 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-position", type=int, default=1 << 22,
                         help="max_position_embeddings (long-context benchmarks need room)")
+    parser.add_argument("--weights", choices=["bf16", "mlx4"], default="bf16",
+                        help="bf16 matrices, or MLX affine 4-bit groups of 64")
     args = parser.parse_args()
     try:
         import torch
-        from safetensors.torch import save_file
     except ImportError as e:
-        sys.exit(f"make_shape_model.py needs torch and safetensors: {e}")
+        sys.exit(f"make_shape_model.py needs torch: {e}")
 
     shape = SHAPES[args.name]
     config = {
@@ -59,6 +106,8 @@ def main():
         "dtype": "bfloat16",
         **shape,
     }
+    if args.weights == "mlx4":
+        config["quantization"] = {"group_size": 64, "bits": 4}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
@@ -96,6 +145,17 @@ def main():
             p + "mlp.down_proj.weight": normal(H, I),
         })
 
+    if args.weights == "mlx4":
+        quantized = {}
+        for name, t in tensors.items():
+            if t.dim() == 2:
+                base = name[:-len(".weight")]
+                codes, scales, biases = quantize_mlx4(torch, t)
+                quantized.update({name: codes, base + ".scales": scales, base + ".biases": biases})
+            else:
+                quantized[name] = t
+        tensors = quantized
+
     # Shards of at most SHARD_BYTES, with the index transformers writes.
     shards, current, size = [], {}, 0
     for name, t in tensors.items():
@@ -109,15 +169,14 @@ def main():
     weight_map, total = {}, 0
     for i, shard in enumerate(shards):
         file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file({k: v.cpu().contiguous() for k, v in shard.items()},
-                  os.path.join(args.out, file), metadata={"format": "pt"})
+        write_safetensors(os.path.join(args.out, file), shard, torch)
         for k, v in shard.items():
             weight_map[k] = file
             total += v.numel() * v.element_size()
     with open(os.path.join(args.out, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
-    print(f"{args.name}: {sum(t.numel() for t in tensors.values()) / 1e9:.2f} B parameters, "
-          f"{total / 2**30:.1f} GiB in {len(shards)} shard(s) -> {args.out}")
+    print(f"{args.name} ({args.weights}): {total / 2**30:.2f} GiB in {len(shards)} shard(s) -> "
+          f"{args.out}")
 
 
 if __name__ == "__main__":

@@ -5,11 +5,16 @@
 // tokens agree; the logits once from one prefill of the prompt (matrix-matrix kernels) and
 // once token by token (the decode kernels, int8 activations on quantized weights unless f32
 // ones are asked for). f32 KV cache, so only the weights and kernels differ from the reference.
+// --device cuda runs the GPU forward (f32 activations into every product, f32 KV cache).
+// The last line says pass or fail: the largest relative logit difference of both passes within
+// --tolerance (f32 activations), or, for the decode pass on int8 activations, its mean KL
+// within --kl-tolerance; and every greedy token equal. A failure exits with status 1.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "backend/backend.h"
 #include "cli/command.h"
 #include "core/error.h"
 #include "core/safetensors.h"
@@ -17,6 +22,10 @@
 #include "kernels/cpu/qweights.h"
 #include "kv/cache_policy.h"
 #include "model/model.h"
+
+#ifdef TURBOKV_HAVE_CUDA
+#include "model/cuda/cuda_decoder.h"
+#endif
 
 namespace turbokv::cli {
 namespace {
@@ -55,11 +64,35 @@ int compare_logits_main(int argc, char** argv) {
       ->required();
   app.add_option("--threads", threads, "worker threads")->capture_default_str();
   app.add_flag("--json", json, "print one JSON object");
+  double tolerance = 1e-3, kl_tolerance = 1e-3;
+  app.add_option("--tolerance", tolerance,
+                 "largest relative logit difference that passes (f32 activations)")
+      ->capture_default_str();
+  app.add_option("--kl-tolerance", kl_tolerance,
+                 "largest mean KL of the decode pass that passes on int8 activations")
+      ->capture_default_str();
+  DeviceFlags device;
+  device.add_to(app);
   if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
   if (threads < 0) throw InvalidArgument(str_cat("--threads ", threads, " must be >= 0"));
+  if (!(tolerance >= 0) || !(kl_tolerance >= 0)) {
+    throw InvalidArgument(str_cat("--tolerance ", tolerance, " and --kl-tolerance ", kl_tolerance,
+                                  " must be >= 0"));
+  }
   set_num_threads(threads);
 
-  std::unique_ptr<Model> model = Model::load(model_dir);
+  LoadedModel loaded = load_model(model_dir, device.options());
+  const Model* model = loaded.model.get();
+  // f32 dense caches on either device.
+  auto f32_caches = [&] {
+#ifdef TURBOKV_HAVE_CUDA
+    if (loaded.device == "cuda") {
+      return dynamic_cast<const cuda::CudaDecoderModel&>(*model).make_caches(
+          ResolvedKV{}, cuda::DenseElem::kF32);
+    }
+#endif
+    return make_layer_caches(model->layer_specs(), ResolvedKV{}, KVDType::kF32);
+  };
   const SafetensorsFile ref = SafetensorsFile::open(reference);
   const std::vector<int64_t> ids64 = SafetensorsFile::to_i64(ref.at("input_ids"));
   const std::vector<float> want = SafetensorsFile::to_f32(ref.at("logits"));
@@ -70,7 +103,7 @@ int compare_logits_main(int argc, char** argv) {
     throw FormatError(str_cat(reference, ": logits hold ", want.size(), " values, expected ", n,
                               " x ", V, " (input_ids x the model's vocabulary)"));
   }
-  LayerCaches caches = make_layer_caches(model->layer_specs(), ResolvedKV{}, KVDType::kF32);
+  LayerCaches caches = f32_caches();
   std::vector<float> logits(size_t(n) * size_t(V));  // [n, V]
   Model::Chunk chunk{ids.data(), n, &caches, logits.data(), true};
   model->forward({&chunk, 1});
@@ -83,7 +116,7 @@ int compare_logits_main(int argc, char** argv) {
     kl_sum += kl_divergence(want.data() + size_t(t) * V, logits.data() + size_t(t) * V, V);
   }
   // The same positions one token per forward: every product through the decode kernels.
-  LayerCaches step_caches = make_layer_caches(model->layer_specs(), ResolvedKV{}, KVDType::kF32);
+  LayerCaches step_caches = f32_caches();
   double step_max_diff = 0, step_kl_sum = 0;
   std::vector<float> row(static_cast<size_t>(V));
   for (int t = 0; t < n; ++t) {
@@ -107,32 +140,43 @@ int compare_logits_main(int argc, char** argv) {
   size_t agree = 0;
   while (agree < greedy.size() && greedy[agree] == generated[agree]) ++agree;
   const double rel = max_ref > 0 ? max_diff / max_ref : max_diff;
-  const char* mode = int8_activations_enabled() ? "int8" : "f32";
+  const bool int8 = loaded.device == "cpu" && int8_activations_enabled();
+  const char* mode = int8 ? "int8" : "f32";
+  const double step_rel = max_ref > 0 ? step_max_diff / max_ref : step_max_diff;
+  const bool greedy_ok = agree == generated.size();
+  const bool prefill_ok = rel <= tolerance;
+  const bool decode_ok = int8 ? step_kl_sum / n <= kl_tolerance : step_rel <= tolerance;
+  const bool pass = greedy_ok && prefill_ok && decode_ok;
   if (json) {
     const nlohmann::json out = {
         {"model", model_dir},
+        {"device", loaded.device},
         {"reference", reference},
         {"activations", mode},
         {"positions", n},
         {"max_abs_diff", max_diff},
         {"max_rel_diff", rel},
         {"kl_mean", kl_sum / n},
-        {"decode_max_rel_diff", max_ref > 0 ? step_max_diff / max_ref : step_max_diff},
+        {"decode_max_rel_diff", step_rel},
         {"decode_kl_mean", step_kl_sum / n},
         {"greedy_agree", agree},
-        {"greedy_total", generated.size()}};
+        {"greedy_total", generated.size()},
+        {"pass", pass}};
     std::printf("%s\n", out.dump().c_str());
   } else {
     std::printf(
-        "%s vs %s (%s activations on quantized weights)\n"
+        "%s vs %s (%s, %s activations on quantized weights)\n"
         "prefill: positions %d  max |diff| %.3g  relative %.3g  mean KL %.3g\n"
         "decode:  positions %d  max |diff| %.3g  relative %.3g  mean KL %.3g\n"
         "greedy %zu/%zu agree\n",
-        model_dir.c_str(), reference.c_str(), mode, n, max_diff, rel, kl_sum / n, n, step_max_diff,
-        max_ref > 0 ? step_max_diff / max_ref : step_max_diff, step_kl_sum / n, agree,
-        generated.size());
+        model_dir.c_str(), reference.c_str(), loaded.device.c_str(), mode, n, max_diff, rel,
+        kl_sum / n, n, step_max_diff, step_rel, step_kl_sum / n, agree, generated.size());
+    std::printf("%s: prefill relative %.3g %s %.3g, decode %s %.3g %s %.3g, greedy %zu/%zu\n",
+                pass ? "PASS" : "FAIL", rel, prefill_ok ? "<=" : ">", tolerance,
+                int8 ? "mean KL" : "relative", int8 ? step_kl_sum / n : step_rel,
+                decode_ok ? "<=" : ">", int8 ? kl_tolerance : tolerance, agree, generated.size());
   }
-  return 0;
+  return pass ? 0 : 1;
 }
 
 }  // namespace
