@@ -1,0 +1,57 @@
+// Gated DeltaNet (qwen3_5 linear-attention layers) on the GPU: the device counterparts of the
+// steps in model/linear_attention.h, which the tests compare them with one by one. All pointers
+// are device pointers, fp32; work is queued on `stream`.
+//   causal_conv1d_silu    : depthwise causal conv over one sequence's rows, continuing from
+//                           and updating its history, then SiLU
+//   gated_delta_prepare   : q, k L2-normalized (q also scaled by dk^-1/2), g and beta from the
+//                           gate inputs
+//   gated_delta_recurrent : the delta rule token by token on a sequence's state. Used for decode
+//                           and, token after token, for prefill too: it is exact (the CPU's
+//                           recurrent order of operations) but sequential in the tokens; each
+//                           thread owns one column of a head's [dk, dv] state, since the rule
+//                           updates the columns independently
+//   gated_rms_norm        : x = w * rmsnorm(x) * silu(z) per head
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace turbokv::cuda {
+
+struct GatedDeltaDims {
+  int key_heads = 0;
+  int value_heads = 0;  // a multiple of key_heads
+  int k_dim = 0;
+  int v_dim = 0;
+};
+
+// x, out: [T, C] (out may not alias x); weight [C, K]; history [K-1, C], oldest first.
+void causal_conv1d_silu(const float* x, int64_t T, int C, int K, const float* weight,
+                        float* history, float* out, cudaStream_t stream);
+
+// qkv: [T, 2*Hk*dk + Hv*dv] in place; a, b: [T, Hv] in place (-> g, beta); a_log, dt_bias [Hv].
+void gated_delta_prepare(float* qkv, float* a, float* b, int64_t T, const GatedDeltaDims& s,
+                         const float* a_log, const float* dt_bias, cudaStream_t stream);
+
+// As model/linear_attention.h's GatedDeltaInputs: q, k rows of stride qk_stride ([Hk, dk] at
+// q, k), v rows of stride v_stride ([Hv, dv]), g, beta [T, Hv]; state [Hv, dk, dv] updated;
+// out [T, Hv, dv].
+struct GatedDeltaRows {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t qk_stride = 0;
+  int64_t v_stride = 0;
+  const float* g = nullptr;
+  const float* beta = nullptr;
+  int64_t T = 0;
+};
+void gated_delta_recurrent(const GatedDeltaRows& in, const GatedDeltaDims& s, float* state,
+                           float* out, cudaStream_t stream);
+
+// x: [rows, d] in place, z: [rows, d], w: [d].
+void gated_rms_norm(float* x, const float* z, int64_t rows, int d, const float* w, float eps,
+                    cudaStream_t stream);
+
+}  // namespace turbokv::cuda
