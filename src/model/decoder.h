@@ -131,6 +131,13 @@ class DecoderModel final : public Model {
   const WeightMatrix& lm_head() const { return lm_head_; }
   const std::vector<float>& final_norm() const { return final_norm_; }
   float embedding_scale() const { return embedding_scale_; }  // in the weights' dtype
+  // gemma4 per-layer inputs: the per-layer embedding [vocab, layers * P], the projection of the
+  // embeddings [layers * P, H] and its norm [P] (empty without per-layer inputs).
+  const WeightMatrix& per_layer_embedding() const { return per_layer_embed_; }
+  const WeightMatrix& per_layer_model_projection() const { return per_layer_model_projection_; }
+  const std::vector<float>& per_layer_projection_norm() const {
+    return per_layer_projection_norm_;
+  }
 
  private:
   // A contiguous piece of one chunk's tokens inside a step.

@@ -13,6 +13,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/qmatmul.h"
+#include "model/cuda/hybrid_forward.h"
 #include "model/rope_scaling.h"
 
 namespace turbokv::cuda {
@@ -381,9 +382,13 @@ struct CudaDecoderModel::Impl {
   int heads = 0, kv_heads = 0, head_dim = 0;
   QuantScratch qscratch;        // quantized prefill GEMMs (empty for dense models)
   DeviceBuffer<float> act32;    // [T, I]: the MLP activation for quantized down projections
+
+  // Models with layers beyond plain attention run on their own executor (hybrid_forward.h).
+  std::unique_ptr<HybridForward> hybrid;
 };
 
 std::string cuda_unsupported_reason(const ModelConfig& c) {
+  if (needs_hybrid_forward(c)) return hybrid_unsupported_reason(c);
   for (int l = 0; l < c.num_layers; ++l) {
     if (c.layer_kind[size_t(l)] != LayerKind::kAttention) {
       return str_cat(layer_kind_name(c.layer_kind[size_t(l)]), " layers (", c.model_type, ")");
@@ -406,6 +411,30 @@ std::string cuda_unsupported_reason(const ModelConfig& c) {
   return "";
 }
 
+// The KV pool takes what is left (a fraction of it), or the bytes asked for.
+static size_t kv_pool_bytes(const CudaModelOptions& options, size_t weight_bytes) {
+  size_t free_bytes = 0, total_bytes = 0;
+  TURBOKV_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const size_t reserve = size_t(1) << 30;  // workspaces, cuBLAS, the zero blocks
+  size_t pool = options.kv_cache_bytes;
+  if (pool == 0) {
+    pool = free_bytes > reserve ? size_t(double(free_bytes - reserve) * options.kv_memory_fraction)
+                                : 0;
+  }
+  if (pool < DeviceBlockPool::kChunkBytes) {
+    throw InvalidArgument(str_cat("--kv-cache-gb: ", pool >> 20, " MiB is below the KV pool's ",
+                                  "smallest size, one chunk of ",
+                                  DeviceBlockPool::kChunkBytes >> 20, " MiB"),
+                          "kv_cache_gb");
+  }
+  if (pool + reserve / 2 > free_bytes) {
+    throw Error(str_cat("--device cuda: ", pool >> 20, " MiB for the KV cache does not fit next ",
+                        "to the model (", free_bytes >> 20, " MiB of GPU memory free after ",
+                        weight_bytes >> 20, " MiB of weights)"));
+  }
+  return pool;
+}
+
 CudaDecoderModel::CudaDecoderModel(std::unique_ptr<DecoderModel> host,
                                    const CudaModelOptions& options)
     : host_(std::move(host)), impl_(std::make_unique<Impl>()) {
@@ -425,6 +454,13 @@ CudaDecoderModel::CudaDecoderModel(std::unique_ptr<DecoderModel> host,
   m.head_dim = c.head_dim;
   TURBOKV_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
   m.gemm = std::make_unique<Gemm>(m.stream);
+  if (needs_hybrid_forward(c)) {
+    m.hybrid = std::make_unique<HybridForward>(*host_, m.stream, *m.gemm, options.max_step_tokens);
+    weight_bytes_ = m.hybrid->weight_bytes();
+    caches_ =
+        std::make_unique<DeviceCacheContext>(kv_pool_bytes(options, weight_bytes_), m.stream);
+    return;
+  }
 
   // Weights: check they fit before the first allocation.
   size_t need = 0;
@@ -547,26 +583,7 @@ CudaDecoderModel::CudaDecoderModel(std::unique_ptr<DecoderModel> host,
     m.expert_rows = DeviceBuffer<int32_t>(size_t(routed));
   }
 
-  // The KV pool takes what is left (a fraction of it), or the bytes asked for.
-  TURBOKV_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  const size_t reserve = size_t(1) << 30;  // workspaces, cuBLAS, the zero blocks
-  size_t pool = options.kv_cache_bytes;
-  if (pool == 0) {
-    pool = free_bytes > reserve ? size_t(double(free_bytes - reserve) * options.kv_memory_fraction)
-                                : 0;
-  }
-  if (pool < DeviceBlockPool::kChunkBytes) {
-    throw InvalidArgument(str_cat("--kv-cache-gb: ", pool >> 20, " MiB is below the KV pool's ",
-                                  "smallest size, one chunk of ",
-                                  DeviceBlockPool::kChunkBytes >> 20, " MiB"),
-                          "kv_cache_gb");
-  }
-  if (pool + reserve / 2 > free_bytes) {
-    throw Error(str_cat("--device cuda: ", pool >> 20, " MiB for the KV cache does not fit next ",
-                        "to the model (", free_bytes >> 20, " MiB of GPU memory free after ",
-                        weight_bytes_ >> 20, " MiB of weights)"));
-  }
-  caches_ = std::make_unique<DeviceCacheContext>(pool, m.stream);
+  caches_ = std::make_unique<DeviceCacheContext>(kv_pool_bytes(options, weight_bytes_), m.stream);
 }
 
 CudaDecoderModel::~CudaDecoderModel() {
@@ -575,6 +592,10 @@ CudaDecoderModel::~CudaDecoderModel() {
 
 LayerCaches CudaDecoderModel::make_caches(const ResolvedKV& kv, DenseElem dense_elem) const {
   const bool fused = host_->config().attn_logit_softcap == 0;
+  if (impl_->hybrid) {
+    return HybridForward::make_caches(*caches_, plan_layer_caches(layer_specs(), kv), dense_elem,
+                                      fused);
+  }
   return make_device_layer_caches(*caches_, plan_layer_caches(layer_specs(), kv), dense_elem,
                                   fused);
 }
@@ -1097,6 +1118,10 @@ void CudaDecoderModel::Impl::run_eager(const ModelConfig& c, const DecoderModel&
 void CudaDecoderModel::forward(std::span<const Chunk> chunks) const {
   const ModelConfig& c = host_->config();
   check_chunks(chunks, c.num_layers, c.vocab_size);
+  if (impl_->hybrid) {
+    impl_->hybrid->forward(chunks);
+    return;
+  }
   for (const Chunk& chunk : chunks) {
     for (int l = 0; l < c.num_layers; ++l) device_cache(chunk, l);
   }
