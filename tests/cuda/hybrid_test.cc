@@ -1,0 +1,333 @@
+// The GPU forward of the hybrid families (model/cuda/hybrid_forward.h) against references we did
+// not write and against the CPU engine:
+//  - the Gated DeltaNet kernels against the CPU steps and the double-precision reference
+//    (model/linear_attention.h);
+//  - qwen3_5_text, gemma4_text and deepseek_v3 fixtures: logits within 1e-4 of transformers' and
+//    its greedy tokens, fp32 weights and dense fp32 caches;
+//  - with --kv-bits 3.5: every layer's cache type as on the CPU, and logits and greedy tokens
+//    agreeing with the CPU engine's;
+//  - batched decode of sequences at different depths, each with its own recurrent state,
+//    against each sequence run alone on the CPU;
+//  - the recurrent state refuses what it cannot do (trim, save, prefix sharing).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/linear_attention.h"
+#include "kv/byte_io.h"
+#include "kv/cache_policy.h"
+#include "kv/kv_resolve.h"
+#include "model/cuda/cuda_decoder.h"
+#include "model/cuda/device_recurrent_state.h"
+#include "model/decoder.h"
+#include "model/linear_attention.h"
+#include "test_util.h"
+#include "tests/model/golden.h"
+
+namespace turbokv::cuda {
+namespace {
+
+using testing::CudaTest;
+using testing::random_normal;
+
+std::string fixture(const std::string& rel) {
+  return std::string(TURBOKV_SOURCE_DIR) + "/tests/fixtures/" + rel;
+}
+
+std::unique_ptr<CudaDecoderModel> load_gpu(const std::string& dir) {
+  std::unique_ptr<Model> model = Model::load(dir);
+  auto* decoder = dynamic_cast<DecoderModel*>(model.release());
+  CudaModelOptions options;
+  options.kv_cache_bytes = size_t(256) << 20;
+  return std::make_unique<CudaDecoderModel>(std::unique_ptr<DecoderModel>(decoder), options);
+}
+
+ResolvedKV kv_bits(double bits, bool last_layer_dense) {
+  KVOptions o;
+  o.kv_bits = bits;
+  o.last_layer_dense = last_layer_dense;
+  return resolve_kv_options(o);
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    d = std::max(d, double(std::abs(a[i] - b[i])));
+  }
+  return a.size() == b.size() ? d : INFINITY;
+}
+
+// ------------------------------------------------------------------ Gated DeltaNet kernels
+
+class GatedDeltaKernels : public CudaTest,
+                          public ::testing::WithParamInterface<std::pair<int, int>> {};
+
+// Random operands as gated_delta_prepare leaves them (unit q, k; g < 0; beta in (0, 1)).
+struct DeltaCase {
+  GatedDeltaShape shape;
+  int64_t T;
+  std::vector<float> qkv, g, beta;  // [T, 2 Hk dk + Hv dv], [T, Hv], [T, Hv]
+  int64_t width() const {
+    return 2 * int64_t(shape.key_heads) * shape.k_dim + int64_t(shape.value_heads) * shape.v_dim;
+  }
+};
+
+DeltaCase make_case(int dk, int dv, int64_t T, uint64_t seed) {
+  DeltaCase c;
+  c.shape = GatedDeltaShape{2, 4, dk, dv};
+  c.T = T;
+  c.qkv = random_normal(size_t(T * c.width()), seed);
+  std::vector<float> a = random_normal(size_t(T * 4), seed + 1);
+  std::vector<float> b = random_normal(size_t(T * 4), seed + 2);
+  const std::vector<float> a_log = {-0.5f, 0.1f, 0.3f, -1.0f}, dt_bias = {0.2f, -0.1f, 0.0f, 0.5f};
+  turbokv::gated_delta_prepare(c.qkv.data(), a.data(), b.data(), T, c.shape, a_log.data(), dt_bias.data());
+  c.g = a;
+  c.beta = b;
+  return c;
+}
+
+GatedDeltaInputs host_inputs(const DeltaCase& c, int64_t t0, int64_t n) {
+  const int64_t key_dim = int64_t(c.shape.key_heads) * c.shape.k_dim, w = c.width();
+  const float* base = c.qkv.data() + t0 * w;
+  return GatedDeltaInputs{base,  base + key_dim, base + 2 * key_dim, w, w,
+                          c.g.data() + t0 * 4, c.beta.data() + t0 * 4, n};
+}
+
+// Prefill of 37 tokens token by token, then two single-token steps, on one device state,
+// against the double-precision reference carried the same way.
+TEST_P(GatedDeltaKernels, RecurrentKernelMatchesTheReference) {
+  const auto [dk, dv] = GetParam();
+  const DeltaCase c = make_case(dk, dv, 39, 7);
+  const GatedDeltaDims dims{c.shape.key_heads, c.shape.value_heads, dk, dv};
+  const int64_t w = c.width(), key_dim = 2 * dk;
+  DeviceBuffer<float> qkv = DeviceBuffer<float>::upload(c.qkv);
+  DeviceBuffer<float> g = DeviceBuffer<float>::upload(c.g);
+  DeviceBuffer<float> beta = DeviceBuffer<float>::upload(c.beta);
+  const std::vector<float> state0 = random_normal(size_t(4) * dk * dv, 11, 0.3f);
+  DeviceBuffer<float> state = DeviceBuffer<float>::upload(state0);
+  DeviceBuffer<float> out(size_t(c.T) * 4 * dv);
+  std::vector<float> ref_state = state0, ref_out(size_t(c.T) * 4 * dv);
+  for (auto [t0, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 37}, {37, 1}, {38, 1}}) {
+    GatedDeltaRows in;
+    in.q = qkv.data() + t0 * w;
+    in.k = in.q + key_dim;
+    in.v = in.q + 2 * key_dim;
+    in.qk_stride = in.v_stride = w;
+    in.g = g.data() + t0 * 4;
+    in.beta = beta.data() + t0 * 4;
+    in.T = n;
+    gated_delta_recurrent(in, dims, state.data(), out.data() + t0 * 4 * dv, nullptr);
+    turbokv::gated_delta_ref(host_inputs(c, t0, n), c.shape, ref_state.data(),
+                    ref_out.data() + t0 * 4 * dv);
+  }
+  TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_LT(max_abs_diff(out.download(), ref_out), 2e-5);
+  EXPECT_LT(max_abs_diff(state.download(), ref_state), 2e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dims, GatedDeltaKernels,
+                         ::testing::Values(std::make_pair(16, 16), std::make_pair(32, 48),
+                                           std::make_pair(128, 128), std::make_pair(24, 40)));
+
+// The conv (two chunks, the second shorter than the history), prepare and gated norm against
+// the CPU steps.
+class HybridKernels : public CudaTest {};
+
+TEST_F(HybridKernels, ConvPrepareAndGatedNormMatchTheCpuSteps) {
+  const int C = 96, K = 4;
+  const GatedDeltaShape shape{2, 4, 8, 16};  // 2*2*8 + 4*16 = 96 channels
+  const GatedDeltaDims dims{2, 4, 8, 16};
+  const std::vector<float> weight = random_normal(size_t(C) * K, 1, 0.5f);
+  std::vector<float> history(size_t(K - 1) * C, 0.0f);
+  DeviceBuffer<float> d_weight = DeviceBuffer<float>::upload(weight);
+  DeviceBuffer<float> d_history = DeviceBuffer<float>::upload(history);
+  for (int64_t T : {9, 2}) {
+    const std::vector<float> x = random_normal(size_t(T) * C, 10 + uint64_t(T));
+    std::vector<float> want(x.size());
+    turbokv::causal_conv1d_silu(x.data(), T, C, K, weight.data(), history.data(), want.data());
+    DeviceBuffer<float> d_x = DeviceBuffer<float>::upload(x);
+    DeviceBuffer<float> d_out(x.size());
+    causal_conv1d_silu(d_x.data(), T, C, K, d_weight.data(), d_history.data(), d_out.data(),
+                       nullptr);
+    TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_LT(max_abs_diff(d_out.download(), want), 1e-5) << "conv, T " << T;
+    EXPECT_LT(max_abs_diff(d_history.download(), history), 0.0 + 1e-12) << "history, T " << T;
+
+    std::vector<float> a = random_normal(size_t(T) * 4, 20), b = random_normal(size_t(T) * 4, 21);
+    const std::vector<float> a_log = {-0.5f, 0.1f, 0.3f, -1.0f},
+                             dt_bias = {0.2f, -0.1f, 0.0f, 0.5f};
+    DeviceBuffer<float> d_qkv = DeviceBuffer<float>::upload(want);
+    DeviceBuffer<float> d_a = DeviceBuffer<float>::upload(a), d_b = DeviceBuffer<float>::upload(b);
+    DeviceBuffer<float> d_alog = DeviceBuffer<float>::upload(a_log);
+    DeviceBuffer<float> d_dt = DeviceBuffer<float>::upload(dt_bias);
+    std::vector<float> qkv = want;
+    turbokv::gated_delta_prepare(qkv.data(), a.data(), b.data(), T, shape, a_log.data(), dt_bias.data());
+    gated_delta_prepare(d_qkv.data(), d_a.data(), d_b.data(), T, dims, d_alog.data(),
+                        d_dt.data(), nullptr);
+    TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_LT(max_abs_diff(d_qkv.download(), qkv), 1e-5) << "prepare q, k";
+    EXPECT_LT(max_abs_diff(d_a.download(), a), 1e-5) << "prepare g";
+    EXPECT_LT(max_abs_diff(d_b.download(), b), 1e-5) << "prepare beta";
+
+    std::vector<float> core = random_normal(size_t(T) * 64, 30);
+    const std::vector<float> z = random_normal(core.size(), 31), nw = random_normal(16, 32);
+    DeviceBuffer<float> d_core = DeviceBuffer<float>::upload(core);
+    DeviceBuffer<float> d_z = DeviceBuffer<float>::upload(z), d_nw = DeviceBuffer<float>::upload(nw);
+    turbokv::gated_rms_norm(core.data(), z.data(), T * 4, 16, nw.data(), 1e-6f);
+    gated_rms_norm(d_core.data(), d_z.data(), T * 4, 16, d_nw.data(), 1e-6f, nullptr);
+    TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_LT(max_abs_diff(d_core.download(), core), 1e-5) << "gated norm";
+  }
+}
+
+// ------------------------------------------------------------------------ whole models
+
+class HybridGolden : public CudaTest, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(HybridGolden, LogitsAndGreedyTokensMatchTransformers) {
+  const std::string dir = fixture(std::string("hf-tiny/") + GetParam());
+  auto gpu = load_gpu(dir);
+  turbokv::testing::check_golden(
+      *gpu, [&] { return gpu->make_caches(ResolvedKV{}, DenseElem::kF32); },
+      dir + "/reference.safetensors", 1e-4f, GetParam());
+}
+
+// With --kv-bits 3.5 (the last attention layer quantized too, so that every family has a
+// TurboQuant layer where it has a global one): the GPU's cache types are the CPU's, layer by
+// layer, and the logits of a prefill and 8 decode steps agree with the CPU engine's.
+TEST_P(HybridGolden, AgreesWithTheCpuEngineUnderTurboQuant) {
+  const std::string dir = fixture(std::string("hf-tiny/") + GetParam());
+  auto gpu = load_gpu(dir);
+  std::unique_ptr<Model> cpu = Model::load(dir);
+  for (bool last_dense : {true, false}) {
+    SCOPED_TRACE(last_dense ? "last attention layer dense" : "every global layer quantized");
+    const ResolvedKV kv = kv_bits(3.5, last_dense);
+    LayerCaches cpu_caches = make_layer_caches(cpu->layer_specs(), kv, KVDType::kF32);
+    LayerCaches gpu_caches = gpu->make_caches(kv, DenseElem::kF32);
+    ASSERT_EQ(cpu_caches.size(), gpu_caches.size());
+    for (size_t l = 0; l < cpu_caches.size(); ++l) {
+      EXPECT_EQ(gpu_caches[l]->type_name(), cpu_caches[l]->type_name()) << "layer " << l;
+    }
+    const int V = cpu->info().vocab_size;
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 30; ++i) ids.push_back((i * 37 + 11) % V);
+    std::vector<float> want(ids.size() * size_t(V)), got(want.size());
+    Model::Chunk a{ids.data(), 22, &cpu_caches, want.data(), true};
+    Model::Chunk b{ids.data(), 22, &gpu_caches, got.data(), true};
+    cpu->forward({&a, 1});
+    gpu->forward({&b, 1});
+    for (int i = 22; i < 30; ++i) {
+      Model::Chunk sa{ids.data() + i, 1, &cpu_caches, want.data() + size_t(i) * V, true};
+      Model::Chunk sb{ids.data() + i, 1, &gpu_caches, got.data() + size_t(i) * V, true};
+      cpu->forward({&sa, 1});
+      gpu->forward({&sb, 1});
+    }
+    for (float v : got) ASSERT_TRUE(std::isfinite(v));
+    const double diff = max_abs_diff(got, want);
+    std::printf("  %s kv 3.5%s: largest logit difference GPU vs CPU %.3g\n", GetParam(),
+                last_dense ? "" : " (last quantized)", diff);
+    // The codes of a key near a decision boundary may differ (the GPU's keys differ from the
+    // CPU's by rounding), so the logits agree to 1e-2, not 1e-4; the greedy choice must agree
+    // wherever the CPU's top token leads the next by more than that.
+    constexpr double kTolerance = 1e-2;
+    EXPECT_LT(diff, kTolerance);
+    for (int i = 0; i < 30; ++i) {
+      const float* w = want.data() + size_t(i) * V;
+      std::vector<float> sorted(w, w + V);
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+      if (sorted[0] - sorted[1] <= 2 * kTolerance) continue;
+      EXPECT_EQ(turbokv::testing::argmax(got.data() + size_t(i) * V, V),
+                turbokv::testing::argmax(w, V))
+          << "row " << i;
+    }
+    size_t cpu_kv = 0, gpu_kv = 0, cpu_state = 0, gpu_state = 0;
+    for (size_t l = 0; l < cpu_caches.size(); ++l) {
+      cpu_kv += cpu_caches[l]->nbytes();
+      gpu_kv += gpu_caches[l]->nbytes();
+      cpu_state += cpu_caches[l]->state_bytes();
+      gpu_state += gpu_caches[l]->state_bytes();
+    }
+    EXPECT_EQ(gpu_kv, cpu_kv);
+    EXPECT_EQ(gpu_state, cpu_state);
+  }
+}
+
+// Three sequences at different depths decode in one forward call per step (their prefills in
+// one call too): each sequence's logits equal its own run alone on the CPU.
+TEST_P(HybridGolden, BatchedSequencesKeepTheirOwnState) {
+  const std::string dir = fixture(std::string("hf-tiny/") + GetParam());
+  auto gpu = load_gpu(dir);
+  std::unique_ptr<Model> cpu = Model::load(dir);
+  const int V = cpu->info().vocab_size;
+  const std::vector<int> prompt_len = {5, 17, 11};
+  constexpr int kSteps = 6;
+  std::vector<std::vector<int32_t>> ids(3);
+  for (int s = 0; s < 3; ++s) {
+    for (int i = 0; i < prompt_len[size_t(s)] + kSteps; ++i) {
+      ids[size_t(s)].push_back((i * (13 + 10 * s) + 3 * s + 5) % V);
+    }
+  }
+  // Reference: each sequence alone on the CPU (prefill, then one token per step).
+  std::vector<std::vector<float>> want(3), got(3);
+  for (int s = 0; s < 3; ++s) {
+    const int n = prompt_len[size_t(s)];
+    want[size_t(s)].resize(size_t(n + kSteps) * V);
+    got[size_t(s)].resize(want[size_t(s)].size());
+    LayerCaches caches = make_layer_caches(cpu->layer_specs(), ResolvedKV{}, KVDType::kF32);
+    Model::Chunk p{ids[size_t(s)].data(), n, &caches, want[size_t(s)].data(), true};
+    cpu->forward({&p, 1});
+    for (int i = n; i < n + kSteps; ++i) {
+      Model::Chunk st{ids[size_t(s)].data() + i, 1, &caches, want[size_t(s)].data() + size_t(i) * V,
+                      true};
+      cpu->forward({&st, 1});
+    }
+  }
+  std::vector<LayerCaches> caches;
+  for (int s = 0; s < 3; ++s) caches.push_back(gpu->make_caches(ResolvedKV{}, DenseElem::kF32));
+  std::vector<Model::Chunk> prefill;
+  for (int s = 0; s < 3; ++s) {
+    prefill.push_back(Model::Chunk{ids[size_t(s)].data(), prompt_len[size_t(s)], &caches[size_t(s)],
+                                   got[size_t(s)].data(), true});
+  }
+  gpu->forward(prefill);
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<Model::Chunk> batch;
+    for (int s = 0; s < 3; ++s) {
+      const int i = prompt_len[size_t(s)] + step;
+      batch.push_back(Model::Chunk{ids[size_t(s)].data() + i, 1, &caches[size_t(s)],
+                                   got[size_t(s)].data() + size_t(i) * V, true});
+    }
+    gpu->forward(batch);
+  }
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_LT(max_abs_diff(got[size_t(s)], want[size_t(s)]), 1e-4) << "sequence " << s;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HybridGolden,
+                         ::testing::Values("qwen3_5_text", "gemma4_text", "deepseek_v3"));
+
+// ------------------------------------------------------------------------- refusals
+
+TEST_F(HybridKernels, RecurrentStateRefusesTrimSaveAndSharing) {
+  DeviceRecurrentState state(RecurrentShape{96, 3, 4, 16, 16});
+  EXPECT_EQ(state.state_bytes(), (96u * 3 + 4u * 16 * 16) * sizeof(float));
+  EXPECT_EQ(state.nbytes(), 0u);
+  state.trim(0);
+  state.advance(5);
+  EXPECT_THROW(state.trim(1), Unsupported);
+  ByteWriter w;
+  EXPECT_THROW(state.save(w), Unsupported);
+  EXPECT_THROW(state.copy_rows(0, 5), Unsupported);
+  EXPECT_THROW(DeviceRecurrentState(RecurrentShape{0, 3, 4, 16, 16}), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace turbokv::cuda
