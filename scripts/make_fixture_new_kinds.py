@@ -11,10 +11,17 @@ weights, initializer_range 0.1) and reference.safetensors holding input_ids [24]
 logits [24, vocab] (fp32) and generated [8] (greedy new tokens), the layout the golden tests
 read. Copy the directories into tests/fixtures/hf-tiny/ and add their names to the golden test.
 
+Each fixture is made on its own: one the installed transformers cannot build is reported (with
+its traceback) and the other is still written; the exit status is 1 if any failed. After
+building each model the script checks that the features it is for are really there (no v_proj
+on keys-equal-values layers, routed and shared experts on the MoE layers) and prints the
+structure it checked, so a silently ignored config field cannot pass.
+
 Usage: scripts/make_fixture_new_kinds.py OUT_DIR
 """
 import os
 import sys
+import traceback
 
 import torch
 import transformers
@@ -25,8 +32,11 @@ def tiny_gemma4_k_eq_v():
     layer_types = ["sliding_attention", "sliding_attention", "full_attention"] * 2
     config = transformers.Gemma4TextConfig(
         vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
-        num_global_key_value_heads=1, attention_k_eq_v=True, layer_types=layer_types,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_k_eq_v=True,
+        # transformers >= 5.15 names the global layers' geometry per layer.
+        per_layer_config={"2": {"head_dim": 32, "num_key_value_heads": 1},
+                          "5": {"head_dim": 32, "num_key_value_heads": 1}},
+        layer_types=layer_types,
         sliding_window=8, num_kv_shared_layers=2, hidden_size_per_layer_input=16,
         vocab_size_per_layer_input=512, max_position_embeddings=256, initializer_range=0.1,
         rope_parameters={
@@ -35,7 +45,19 @@ def tiny_gemma4_k_eq_v():
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
         },
         bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    return transformers.Gemma4ForCausalLM(config)
+    model = transformers.Gemma4ForCausalLM(config)
+    for i, layer in enumerate(model.model.layers):
+        attn = layer.self_attn
+        proj = {n: tuple(getattr(attn, n).weight.shape) for n in ("q_proj", "k_proj", "v_proj")
+                if getattr(attn, n, None) is not None}
+        print(f"  gemma4 layer {i} ({layer_types[i]}): {proj}")
+    global_attn = model.model.layers[2].self_attn
+    if getattr(global_attn, "v_proj", None) is not None:
+        raise RuntimeError("attention_k_eq_v was not applied: global layer 2 has a v_proj")
+    if tuple(global_attn.k_proj.weight.shape) != (32, 64):
+        raise RuntimeError(f"global layer 2 k_proj is {tuple(global_attn.k_proj.weight.shape)}, "
+                           "not 1 KV head of 32")
+    return model
 
 
 def tiny_qwen3_5_moe():
@@ -49,7 +71,14 @@ def tiny_qwen3_5_moe():
         initializer_range=0.1, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                                 "partial_rotary_factor": 0.25},
         bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    return transformers.Qwen3_5MoeForCausalLM(config)
+    model = transformers.Qwen3_5MoeForCausalLM(config)
+    mlp = model.model.layers[0].mlp
+    print(f"  qwen3_5_moe layer 0 mlp: {type(mlp).__name__}: "
+          f"{[n for n, _ in mlp.named_children()]}")
+    names = [n for n, _ in model.named_parameters()]
+    if not any("shared_expert" in n for n in names) or not any("experts" in n for n in names):
+        raise RuntimeError("the MoE fixture has no routed or no shared experts")
+    return model
 
 
 def write(model, out):
@@ -60,8 +89,12 @@ def write(model, out):
     ids = torch.randint(3, model.config.vocab_size, (1, 24), generator=gen)
     with torch.no_grad():
         logits = model(ids).logits[0].float()
-        generated = model.generate(ids, max_new_tokens=8, do_sample=False,
-                                   eos_token_id=None)[0, 24:]
+        # Greedy by hand (a full forward per token): no end-of-sequence stop, no cache code.
+        seq = ids
+        for _ in range(8):
+            nxt = model(seq).logits[0, -1].argmax().reshape(1, 1)
+            seq = torch.cat([seq, nxt], dim=1)
+        generated = seq[0, 24:]
     save_file({"input_ids": ids[0].contiguous(), "logits": logits.contiguous(),
                "generated": generated.contiguous()}, os.path.join(out, "reference.safetensors"))
     print(f"wrote {out} (transformers {transformers.__version__})")
@@ -71,11 +104,18 @@ def main() -> int:
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2
-    torch.manual_seed(0)
-    write(tiny_gemma4_k_eq_v(), os.path.join(sys.argv[1], "gemma4_text_k_eq_v"))
-    torch.manual_seed(0)
-    write(tiny_qwen3_5_moe(), os.path.join(sys.argv[1], "qwen3_5_moe_text"))
-    return 0
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}")
+    failed = 0
+    for name, make in (("gemma4_text_k_eq_v", tiny_gemma4_k_eq_v),
+                       ("qwen3_5_moe_text", tiny_qwen3_5_moe)):
+        try:
+            torch.manual_seed(0)
+            write(make(), os.path.join(sys.argv[1], name))
+        except Exception:  # report and go on to the next fixture
+            print(f"FAILED {name}:", file=sys.stderr)
+            traceback.print_exc()
+            failed += 1
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
