@@ -13,6 +13,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <functional>
 #include <memory>
 #include <string>
@@ -54,6 +58,10 @@ ResolvedKV kv_bits(double bits, bool last_layer_dense) {
   o.kv_bits = bits;
   o.last_layer_dense = last_layer_dense;
   return resolve_kv_options(o);
+}
+
+LayerKind cpu_config_kind(const Model& model, int layer) {
+  return dynamic_cast<const DecoderModel&>(model).config().layer_kind[size_t(layer)];
 }
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -308,6 +316,60 @@ TEST_P(HybridGolden, BatchedSequencesKeepTheirOwnState) {
   }
   for (int s = 0; s < 3; ++s) {
     EXPECT_LT(max_abs_diff(got[size_t(s)], want[size_t(s)]), 1e-4) << "sequence " << s;
+  }
+}
+
+// The first n layers of each fixture (a config cut to n layers over the same weights; gemma4
+// without KV sharing or per-layer inputs until its full depth, which those need), GPU against
+// CPU for every n: where a layer kind goes wrong on the GPU, the first n that differs names it.
+TEST_P(HybridGolden, LayerPrefixesAgreeWithTheCpu) {
+  const std::string dir = fixture(std::string("hf-tiny/") + GetParam());
+  std::ifstream in(dir + "/config.json");
+  const nlohmann::json full = nlohmann::json::parse(in);
+  const int layers = full.at("num_hidden_layers").get<int>();
+  const std::string tmp = ::testing::TempDir() + "/hybrid_prefix_" + GetParam();
+  std::filesystem::create_directories(tmp);
+  std::filesystem::copy_file(dir + "/model.safetensors", tmp + "/model.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  for (int n = 1; n <= layers; ++n) {
+    nlohmann::json cut = full;
+    cut["num_hidden_layers"] = n;
+    if (cut.contains("layer_types") && cut["layer_types"].is_array()) {
+      cut["layer_types"] = std::vector<std::string>(cut["layer_types"].begin(),
+                                                    cut["layer_types"].begin() + n);
+    }
+    if (n < layers && cut.contains("num_kv_shared_layers")) {
+      cut["num_kv_shared_layers"] = 0;
+      cut["hidden_size_per_layer_input"] = 0;
+    }
+    std::ofstream(tmp + "/config.json") << cut.dump();
+    std::unique_ptr<Model> cpu = Model::load(tmp);
+    auto gpu = load_gpu(tmp);
+    const int V = cpu->info().vocab_size;
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 20; ++i) ids.push_back((i * 29 + 7) % V);
+    std::vector<float> want(ids.size() * size_t(V)), got(want.size());
+    LayerCaches cc = make_layer_caches(cpu->layer_specs(), ResolvedKV{}, KVDType::kF32);
+    LayerCaches gc = gpu->make_caches(ResolvedKV{}, DenseElem::kF32);
+    Model::Chunk a{ids.data(), 16, &cc, want.data(), true};
+    Model::Chunk b{ids.data(), 16, &gc, got.data(), true};
+    cpu->forward({&a, 1});
+    gpu->forward({&b, 1});
+    for (int i = 16; i < 20; ++i) {
+      Model::Chunk sa{ids.data() + i, 1, &cc, want.data() + size_t(i) * V, true};
+      Model::Chunk sb{ids.data() + i, 1, &gc, got.data() + size_t(i) * V, true};
+      cpu->forward({&sa, 1});
+      gpu->forward({&sb, 1});
+    }
+    double prefill = 0, decode = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      double& d = i < size_t(16) * V ? prefill : decode;
+      d = std::max(d, double(std::abs(got[i] - want[i])));
+    }
+    std::printf("  %s, first %d layers (last: %s): GPU vs CPU prefill %.3g, decode %.3g\n",
+                GetParam(), n,
+                layer_kind_name(cpu_config_kind(*cpu, n - 1)), prefill, decode);
+    EXPECT_LT(std::max(prefill, decode), 1e-4) << "first " << n << " layers";
   }
 }
 
