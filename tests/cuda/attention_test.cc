@@ -127,15 +127,15 @@ double max_error(const std::vector<float>& out, const std::vector<float>& q, boo
 
 class CudaAttention : public CudaTest {};
 
-constexpr size_t kTqRun = size_t(kTilesPerBlock) * TQ35Layout::kTileBytes;  // a head's tiles
-
 int blocks_for(int tokens) { return (tokens + 255) / 256; }
 
 // value_scale: multiplies the values (large ones make the kernel scale its fp16 operands).
+// key_bits / value_bits: the codec pair (a fused tile format of tq_layout.h).
 void check_turboquant(const Case& c, uint64_t seed, bool programmatic = false,
-                      float value_scale = 2.0f) {
-  SCOPED_TRACE(describe(c));
-  const TQDeviceCodec codec(seed);
+                      float value_scale = 2.0f, int key_bits = 3, int value_bits = 4) {
+  SCOPED_TRACE(describe(c) + " K" + std::to_string(key_bits) + "/V" + std::to_string(value_bits));
+  const TQDeviceCodec codec(seed, /*norm_correction=*/true, key_bits, value_bits);
+  const size_t kTqRun = size_t(kTilesPerBlock) * TQTileLayout{key_bits, value_bits}.tile_bytes();
   const int batch = int(c.lens.size()), cap = max_len(c);
   // k, v [batch, cap, kv_heads, 128]; keys with a common offset make the softmax peaky.
   std::vector<float> k = testing::random_normal(size_t(batch) * cap * c.kv_heads * kD, seed);
@@ -266,6 +266,26 @@ TEST_F(CudaAttention, TurboQuantDecodeMatchesReference) {
   check_turboquant({{1, 77, 1000, 32}, 1, 32, 8}, 100);
   check_turboquant({{300, 4}, 1, 8, 8}, 101);
   check_turboquant({{129}, 1, 8, 1}, 102);
+}
+
+// Every fused (key bits, value bits) pair: decode with partial tiles and GQA, many splits,
+// causal prefill, and large value norms.
+TEST_F(CudaAttention, TurboQuantEveryFusedBitPairMatchesReference) {
+  const int pairs[][2] = {{3, 4}, {4, 3}, {4, 4}, {3, 3}, {2, 3}, {3, 2}};
+  for (const auto& [kb, vb] : pairs) {
+    ASSERT_TRUE(tq_attention_supported(kb, vb));
+    check_turboquant({{1, 77, 1000, 32}, 1, 32, 8}, 150, false, 2.0f, kb, vb);
+    check_turboquant({{9000}, 1, 32, 8}, 151, false, 2.0f, kb, vb);
+    check_turboquant({{40, 100}, 7, 8, 2}, 152, false, 3000.0f, kb, vb);
+  }
+  EXPECT_FALSE(tq_attention_supported(2, 2));
+  EXPECT_FALSE(tq_attention_supported(5, 4));
+}
+
+// A programmatic launch of a pair without a PDL instantiation runs as a plain launch.
+TEST_F(CudaAttention, ProgrammaticLaunchOfOtherBitPairsMatchesReference) {
+  check_turboquant({{1, 77, 1000, 32}, 1, 32, 8}, 160, true, 2.0f, 4, 4);
+  check_turboquant({{20000, 9000}, 1, 32, 8}, 161, true, 2.0f, 4, 3);
 }
 
 TEST_F(CudaAttention, TurboQuantLongContextUsesManySplits) {

@@ -16,7 +16,14 @@ namespace {
 using testing::CudaTest;
 using testing::PagedBlocks;
 constexpr int kD = 128;
-constexpr size_t kRun = size_t(kTilesPerBlock) * TQ35Layout::kTileBytes;  // one head's tiles
+
+// One head's tiles of a block in the codec's format.
+TQTileLayout layout_of(const TQDeviceCodec& codec) {
+  return TQTileLayout{codec.kernel_codec().key_bits, codec.kernel_codec().value_bits};
+}
+size_t head_run(const TQDeviceCodec& codec) {
+  return size_t(kTilesPerBlock) * layout_of(codec).tile_bytes();
+}
 
 class CudaQuantize : public CudaTest {};
 
@@ -64,26 +71,29 @@ void quantize(const TQDeviceCodec& codec, const Rows& rows, int kv_heads,
 // Expects every row's codes and norms in the blocks to equal the CPU codec's.
 void expect_codes_match(const TQDeviceCodec& codec, const PagedBlocks& blocks, const Rows& rows,
                         int batch, int kv_heads) {
+  const TQTileLayout lay = layout_of(codec);
+  const int kcb = lay.key_code_bytes(), vcb = lay.value_code_bytes();
   for (int b = 0; b < batch; ++b) {
     const std::vector<uint8_t> seq = blocks.download_sequence(b);
     for (int h = 0; h < kv_heads; ++h) {
       const std::vector<uint8_t> tiles =
-          tq_head_tiles_from_blocks(seq.data(), blocks.stride(), kv_heads, h);
-      const TQHostCodes got = tq_codes_from_tiles(tiles.data(), blocks.stride() * 256);
+          tq_head_tiles_from_blocks(seq.data(), blocks.stride(), kv_heads, h, lay.tile_bytes());
+      const TQHostCodes got = tq_codes_from_tiles(tiles.data(), blocks.stride() * 256,
+                                                  lay.key_bits, lay.value_bits);
       for (size_t r = 0; r < rows.seq.size(); ++r) {
         if (rows.seq[r] != b) continue;
         const int t = rows.pos[r];
         const float* kx = &rows.k[(r * kv_heads + h) * kD];
         const float* vx = &rows.v[(r * kv_heads + h) * kD];
-        uint8_t kc[48], vc[64];
+        uint8_t kc[64], vc[64];
         uint16_t kn, vn;
         codec.key_codec().quantize(kx, kc, &kn, quant::Isa::kScalar);
         codec.value_codec().quantize(vx, vc, &vn, quant::Isa::kScalar);
-        ASSERT_EQ(std::vector<uint8_t>(kc, kc + 48),
-                  std::vector<uint8_t>(&got.key_codes[t * 48], &got.key_codes[t * 48] + 48))
+        ASSERT_EQ(std::vector<uint8_t>(kc, kc + kcb),
+                  std::vector<uint8_t>(&got.key_codes[t * kcb], &got.key_codes[t * kcb] + kcb))
             << "key codes, seq " << b << " head " << h << " token " << t;
-        ASSERT_EQ(std::vector<uint8_t>(vc, vc + 64),
-                  std::vector<uint8_t>(&got.value_codes[t * 64], &got.value_codes[t * 64] + 64))
+        ASSERT_EQ(std::vector<uint8_t>(vc, vc + vcb),
+                  std::vector<uint8_t>(&got.value_codes[t * vcb], &got.value_codes[t * vcb] + vcb))
             << "value codes, seq " << b << " head " << h << " token " << t;
         ASSERT_EQ(kn, got.key_norms[t]) << "key norm, seq " << b << " token " << t;
         ASSERT_EQ(vn, got.value_norms[t]) << "value norm, seq " << b << " token " << t;
@@ -92,9 +102,15 @@ void expect_codes_match(const TQDeviceCodec& codec, const PagedBlocks& blocks, c
   }
 }
 
+// Every (key bits, value bits) pair of a fused tile format (tq_layout.h).
+constexpr int kBitPairs[][2] = {{3, 4}, {4, 3}, {4, 4}, {3, 3}, {2, 3}, {3, 2}, {2, 2}, {2, 4}, {4, 2}};
+
 TEST_F(CudaQuantize, PrefillCodesAreBitIdenticalToCpu) {
+  for (const auto& [kb, vb] : kBitPairs) {
   for (bool norm_correction : {true, false}) {
-    const TQDeviceCodec codec(/*seed=*/3, norm_correction);
+    SCOPED_TRACE(::testing::Message() << "K" << kb << "/V" << vb << " nc " << norm_correction);
+    const TQDeviceCodec codec(/*seed=*/3, norm_correction, kb, vb);
+    const size_t kRun = head_run(codec);
     const int batch = 2, kv_heads = 3, stride = 2;
     // Sequence 0: positions 0..299 (across a block boundary), sequence 1: 245..314.
     Rows rows;
@@ -110,8 +126,9 @@ TEST_F(CudaQuantize, PrefillCodesAreBitIdenticalToCpu) {
     // Tokens before 245 of sequence 1 were never written: their codes stay zero.
     const std::vector<uint8_t> seq1 = blocks.download_sequence(1);
     for (int h = 0; h < kv_heads; ++h) {
-      const std::vector<uint8_t> tiles = tq_head_tiles_from_blocks(seq1.data(), stride, kv_heads, h);
-      const TQHostCodes untouched = tq_codes_from_tiles(tiles.data(), 245);
+      const std::vector<uint8_t> tiles =
+          tq_head_tiles_from_blocks(seq1.data(), stride, kv_heads, h, layout_of(codec).tile_bytes());
+      const TQHostCodes untouched = tq_codes_from_tiles(tiles.data(), 245, kb, vb);
       for (uint8_t byte : untouched.value_codes) ASSERT_EQ(byte, 0);
     }
     // The largest stored value norm is tracked (as float bits of the fp16 norm).
@@ -127,11 +144,15 @@ TEST_F(CudaQuantize, PrefillCodesAreBitIdenticalToCpu) {
     std::memcpy(&got_max, got.data(), 4);
     EXPECT_EQ(got_max, expected);
   }
+  }
 }
 
 // Decode: one token per step overwrites nibbles that share words with neighbours.
 TEST_F(CudaQuantize, DecodeStepsKeepNeighbourCodes) {
-  const TQDeviceCodec codec(/*seed=*/0);
+  for (const auto& [kb, vb] : kBitPairs) {
+  SCOPED_TRACE(::testing::Message() << "K" << kb << "/V" << vb);
+  const TQDeviceCodec codec(/*seed=*/0, true, kb, vb);
+  const size_t kRun = head_run(codec);
   const int batch = 3, kv_heads = 2, steps = 40, stride = 1;
   PagedBlocks blocks(batch, stride, size_t(kv_heads) * kRun, 9);
   Rows all;
@@ -147,6 +168,7 @@ TEST_F(CudaQuantize, DecodeStepsKeepNeighbourCodes) {
     all.v.insert(all.v.end(), step.v.begin(), step.v.end());
   }
   expect_codes_match(codec, blocks, all, batch, kv_heads);
+  }
 }
 
 TEST(CudaQuantizeArgs, RejectsEmptyShapes) {

@@ -6,7 +6,8 @@
 //   seq_lens   [batch] int: tokens in each sequence's cache (the queries' own included)
 //   caches     paged (kvcache/paged.h): block_table [batch, table_stride] device pointers to
 //              blocks of 256 tokens;
-//              TurboQuant block: [kv_heads][8 tiles][3712 B] (tq_layout.h),
+//              TurboQuant block: [kv_heads][8 tiles][tile bytes of the codec's bits]
+//              (tq_layout.h),
 //              dense block: [K: kv_heads][256][128] fp16 | [V: kv_heads][256][128] fp16.
 //              Entries past a sequence's blocks must point at a readable (e.g. zero) block.
 #pragma once
@@ -63,6 +64,10 @@ struct DenseCacheView {
 // leaves it ready for the next one, so it can be allocated once and reused (and captured in a
 // CUDA graph). Calls sharing a workspace must not run concurrently.
 size_t attention_workspace_bytes(const AttentionProblem& problem, CacheKind kind);
+
+// Whether tq_attention has a kernel for codecs of these bits (TQKernelCodec::key_bits,
+// value_bits): K3/V4, K4/V3, K4/V4, K3/V3, K2/V3, K3/V2.
+bool tq_attention_supported(int key_bits, int value_bits);
 
 // Throw InvalidArgument for shapes they do not support (naming the value and what is
 // allowed) or a workspace smaller than attention_workspace_bytes().

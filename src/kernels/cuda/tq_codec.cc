@@ -10,10 +10,11 @@ namespace turbokv::cuda {
 namespace {
 
 template <size_t N>
-void copy_exact(const std::vector<float>& from, float (&to)[N], const char* what) {
-  if (from.size() != N) {
-    throw Error(str_cat("TQDeviceCodec: ", what, " has ", from.size(), " entries, expected ", N));
+void copy_exact(const std::vector<float>& from, size_t n, float (&to)[N], const char* what) {
+  if (from.size() != n || n > N) {
+    throw Error(str_cat("TQDeviceCodec: ", what, " has ", from.size(), " entries, expected ", n));
   }
+  std::fill(std::begin(to), std::end(to), 0.0f);
   std::copy(from.begin(), from.end(), to);
 }
 
@@ -29,22 +30,32 @@ void copy_sign_flips(const quant::Rotation& rotation, uint32_t (&bits)[4]) {
 
 }  // namespace
 
-TQDeviceCodec::TQDeviceCodec(uint64_t seed, bool norm_correction) {
+TQDeviceCodec::TQDeviceCodec(uint64_t seed, bool norm_correction, int key_bits, int value_bits) {
+  if (!TQTileLayout::supported(key_bits, value_bits)) {
+    throw Unsupported(str_cat("CUDA TurboQuant: K", key_bits, "/V", value_bits,
+                              " has no fused kernel (key and value bits 2..4)"));
+  }
   quant::MseCodecConfig config;
   config.dim = TQ35Layout::kHeadDim;
   config.seed = seed;
   config.norm_correction = norm_correction;
-  config.bits = TQ35Layout::kKeyBits;
+  config.bits = key_bits;
   config.role = quant::RotationRole::kKey;
   key_ = std::make_unique<quant::MseCodec>(config);
-  config.bits = TQ35Layout::kValueBits;
+  config.bits = value_bits;
   config.role = quant::RotationRole::kValue;
   value_ = std::make_unique<quant::MseCodec>(config);
 
-  copy_exact(key_->codebook().centroids, kernel_.key_centroids, "key centroids");
-  copy_exact(key_->codebook().boundaries, kernel_.key_boundaries, "key boundaries");
-  copy_exact(value_->codebook().centroids, kernel_.value_centroids, "value centroids");
-  copy_exact(value_->codebook().boundaries, kernel_.value_boundaries, "value boundaries");
+  kernel_.key_bits = key_bits;
+  kernel_.value_bits = value_bits;
+  const size_t key_levels = size_t(1) << key_bits, value_levels = size_t(1) << value_bits;
+  copy_exact(key_->codebook().centroids, key_levels, kernel_.key_centroids, "key centroids");
+  copy_exact(key_->codebook().boundaries, key_levels - 1, kernel_.key_boundaries,
+             "key boundaries");
+  copy_exact(value_->codebook().centroids, value_levels, kernel_.value_centroids,
+             "value centroids");
+  copy_exact(value_->codebook().boundaries, value_levels - 1, kernel_.value_boundaries,
+             "value boundaries");
   kernel_.hadamard_scale = key_->rotation().hadamard_scale();
   copy_sign_flips(key_->rotation(), kernel_.key_sign_flips);
   copy_sign_flips(value_->rotation(), kernel_.value_sign_flips);

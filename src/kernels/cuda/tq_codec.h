@@ -1,5 +1,5 @@
-// The TurboQuant 3.5 codec pair (keys 3-bit, values 4-bit, d = 128) as the CUDA kernels see
-// it. Everything comes from the CPU codecs in src/quant (same seed, same rotations and
+// A TurboQuant codec pair of the fused kernels (integer-bit keys and values, 2..4 bits each,
+// d = 128; tq_layout.h) as the CUDA kernels see it. Everything comes from the CPU codecs in src/quant (same seed, same rotations and
 // Lloyd-Max codebooks); this only repackages their parameters into a by-value kernel argument.
 #pragma once
 
@@ -12,8 +12,10 @@ namespace turbokv::cuda {
 
 // Kernel argument (passed by value, lives in the constant bank).
 struct TQKernelCodec {
-  float key_centroids[8];
-  float key_boundaries[7];
+  int key_bits;                  // 2..4: the first 2^bits centroids, 2^bits - 1 boundaries hold
+  int value_bits;
+  float key_centroids[16];
+  float key_boundaries[15];
   float value_centroids[16];
   float value_boundaries[15];
   float hadamard_scale;          // float(1/sqrt(128)), the rotation's scale
@@ -24,8 +26,10 @@ struct TQKernelCodec {
 
 class TQDeviceCodec {
  public:
-  // Throws InvalidArgument if the quant library rejects the configuration.
-  explicit TQDeviceCodec(uint64_t seed = 0, bool norm_correction = true);
+  // Throws InvalidArgument if the quant library rejects the configuration, Unsupported for bits
+  // without a tile format (TQTileLayout::supported).
+  explicit TQDeviceCodec(uint64_t seed = 0, bool norm_correction = true, int key_bits = 3,
+                         int value_bits = 4);
 
   const quant::MseCodec& key_codec() const { return *key_; }
   const quant::MseCodec& value_codec() const { return *value_; }

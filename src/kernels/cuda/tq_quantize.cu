@@ -13,7 +13,7 @@
 namespace turbokv::cuda {
 namespace {
 
-using L = TQ35Layout;
+using L = TQTileLayout;
 constexpr int kWarpsPerBlock = 4;
 
 // Σ v_i² in the order of quant/codec_mse.h. scratch: this warp's [128] floats.
@@ -65,7 +65,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     }
   }
   // 4. codes: #{k : boundary[k] < y}
-  const int levels = role == 0 ? 8 : 16;
+  const TQTileLayout lay{codec.key_bits, codec.value_bits};
+  const int bits_per_code = role == 0 ? lay.key_bits : lay.value_bits;
+  const int levels = 1 << bits_per_code;
   const float* boundaries = role == 0 ? codec.key_boundaries : codec.value_boundaries;
   const float* centroids = role == 0 ? codec.key_centroids : codec.value_centroids;
   uint32_t code[4];
@@ -90,41 +92,62 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       p.block_table[size_t(p.row_seq[row]) * p.table_stride + token / (32 * kTilesPerBlock)];
   uint8_t* tile = block + (size_t(head) * kTilesPerBlock +
                            (token % (32 * kTilesPerBlock)) / L::kTileTokens) *
-                              L::kTileBytes;
+                              size_t(lay.tile_bytes());
   const int tok = token % L::kTileTokens;
   if (role == 0) {
-    // Lane l's 12 bits land at bit 12*(l%8) of its quarter's 96-bit slot; OR over the 8 lanes.
-    const uint32_t bits = code[0] | code[1] << 3 | code[2] << 6 | code[3] << 9;
-    const int offset = 12 * (lane % 8);
-    uint32_t words[3] = {0, 0, 0};
-    words[offset / 32] = bits << (offset % 32);
-    if (offset % 32 > 20) words[offset / 32 + 1] = bits >> (32 - offset % 32);
-    for (int w = 0; w < 3; ++w) {
+    // The token's key is one whole slot of key_bits words in its lane (dims 32c .. 32c + 31 of
+    // quarter c = lane / 8): lane l's 4 key_bits bits land at bit 4 key_bits (l % 8) of the
+    // slot; OR over the 8 lanes of the quarter, then its first lane writes the words.
+    const int kb = lay.key_bits;
+    const uint32_t bits = code[0] | code[1] << kb | code[2] << (2 * kb) | code[3] << (3 * kb);
+    const int offset = 4 * kb * (lane % 8);
+    uint32_t words[L::kMaxBits] = {0, 0, 0, 0};
+#pragma unroll
+    for (int w = 0; w < L::kMaxBits; ++w) {
+      if (w == offset / 32) words[w] = bits << (offset % 32);
+      if (w == offset / 32 + 1 && offset % 32 + 4 * kb > 32) {
+        words[w] = bits >> (32 - offset % 32);
+      }
+    }
+#pragma unroll
+    for (int w = 0; w < L::kMaxBits; ++w) {
       for (int m = 1; m < 8; m *= 2) words[w] |= __shfl_xor_sync(0xffffffffu, words[w], m);
     }
     if (lane % 8 == 0) {
       const int dim0 = 4 * lane;
       const int key_lane = L::key_lane(tok, dim0);
-      const int first_word = L::key_bit(tok, dim0) / 32;
-      for (int w = 0; w < 3; ++w) {
+      const int first_word = lay.key_bit(tok, dim0) / 32;
+#pragma unroll
+      for (int w = 0; w < L::kMaxBits; ++w) {
+        if (w >= kb) break;
         *reinterpret_cast<uint32_t*>(tile + L::lane_word_offset(0, key_lane, first_word + w)) =
             words[w];
       }
     }
   } else {
+    // Values share words with other tokens (and may straddle two words): clear and set only
+    // the code's own bits.
+    const int vb = lay.value_bits;
+    const uint32_t mask = (1u << vb) - 1;
     for (int j = 0; j < 4; ++j) {
       const int d = 4 * lane + j;
+      const int lane_of = L::value_lane(tok, d);
+      const int bit = lay.value_bit(tok, d), shift = bit % 32;
       uint32_t* word = reinterpret_cast<uint32_t*>(
-          tile +
-          L::lane_word_offset(L::kValueOffset, L::value_lane(tok, d), L::value_word(tok, d)));
-      const int bit = L::value_bit(tok, d);
-      atomicAnd(word, ~(0xFu << bit));
-      atomicOr(word, code[j] << bit);
+          tile + L::lane_word_offset(lay.value_offset(), lane_of, bit / 32));
+      atomicAnd(word, ~(mask << shift));
+      atomicOr(word, code[j] << shift);
+      if (shift + vb > 32) {
+        uint32_t* next = reinterpret_cast<uint32_t*>(
+            tile + L::lane_word_offset(lay.value_offset(), lane_of, bit / 32 + 1));
+        atomicAnd(next, ~(mask >> (32 - shift)));
+        atomicOr(next, code[j] >> (32 - shift));
+      }
     }
   }
   if (lane == 0) {
     const uint16_t bits = to_f16_bits(stored);
-    *reinterpret_cast<uint16_t*>(tile + L::norm_offset(tok, role)) = bits;
+    *reinterpret_cast<uint16_t*>(tile + lay.norm_offset(tok, role)) = bits;
     if (role == 1 && p.value_norm_max != nullptr) {
       atomicMax(p.value_norm_max, __float_as_uint(fabsf(__half2float(__ushort_as_half(bits)))));
     }
@@ -139,6 +162,10 @@ void tq_quantize(const TQKernelCodec& codec, const TQQuantizeProblem& problem,
     throw InvalidArgument(str_cat("tq_quantize: rows ", problem.rows, ", kv_heads ",
                                   problem.kv_heads, ", table_stride ", problem.table_stride,
                                   ": all must be >= 1"));
+  }
+  if (!TQTileLayout::supported(codec.key_bits, codec.value_bits)) {
+    throw InvalidArgument(str_cat("tq_quantize: K", codec.key_bits, "/V", codec.value_bits,
+                                  " has no tile format (key and value bits 2..4)"));
   }
   const int64_t vectors = int64_t(problem.rows) * problem.kv_heads * 2;
   const int64_t blocks = (vectors + kWarpsPerBlock - 1) / kWarpsPerBlock;

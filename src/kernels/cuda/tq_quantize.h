@@ -1,4 +1,4 @@
-// Fused TurboQuant 3.5 quantize of new tokens' keys and values straight into the paged tile
+// Fused TurboQuant quantize (key and value bits of the codec) of new tokens' keys and values straight into the paged tile
 // format (tq_layout.h tiles inside kvcache/paged.h blocks): norm, rotation, codebook, norm
 // correction, pack. Codes and norms are bit-identical to quant::MseCodec::quantize (the
 // operation order of codec_mse.h).

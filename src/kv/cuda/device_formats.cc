@@ -202,13 +202,16 @@ class FusedDenseDeviceFormat final : public DeviceFormat {
   DenseDeviceFormat base_;
 };
 
-// ----------------------------------------------------------------------------- TurboQuant 3.5
+// ----------------------------------------------------------------------------- fused TurboQuant
 
-// Keys 3 bits, values 4 bits, head_dim 128, integer-bit MSE codecs: the fused kernels.
-class TQ35DeviceFormat final : public DeviceFormat {
+// Integer-bit MSE codecs, head_dim 128, key and value bits with a fused kernel
+// (kernels/cuda/attention/kernels.h): the fused kernels and the tile format of tq_layout.h.
+class TQFusedDeviceFormat final : public DeviceFormat {
  public:
-  TQ35DeviceFormat(int kv_heads, const TurboQuantKVConfig& config)
-      : kv_heads_(kv_heads), config_(config), codec_(config.seed, config.norm_correction),
+  TQFusedDeviceFormat(int kv_heads, const TurboQuantKVConfig& config)
+      : kv_heads_(kv_heads), config_(config),
+        layout_{int(config.key_bits), int(config.value_bits)},
+        codec_(config.seed, config.norm_correction, layout_.key_bits, layout_.value_bits),
         value_norm_max_(1) {
     value_norm_max_.zero();
   }
@@ -217,9 +220,11 @@ class TQ35DeviceFormat final : public DeviceFormat {
   int kv_heads() const override { return kv_heads_; }
   int head_dim() const override { return 128; }
   size_t block_bytes() const override {
-    return size_t(kv_heads_) * kTilesPerBlock * TQ35Layout::kTileBytes;
+    return size_t(kv_heads_) * kTilesPerBlock * layout_.tile_bytes();
   }
-  size_t bytes_per_token() const override { return size_t(kv_heads_) * 116; }
+  size_t bytes_per_token() const override {
+    return size_t(kv_heads_) * layout_.tile_bytes() / TQTileLayout::kTileTokens;
+  }
   bool zeroed_workspace() const override { return true; }
 
   void append(const PagedBatch& batch, const TQSequenceState*, const AppendRows& rows,
@@ -265,15 +270,17 @@ class TQ35DeviceFormat final : public DeviceFormat {
                                    const std::vector<std::vector<int>>&) const override {
     auto cache = std::make_unique<TurboQuantKVCache>(kv_heads_, 128, config_);
     const int n_blocks = int(blocks_for(tokens));
+    const size_t kc = size_t(layout_.key_code_bytes()), vc = size_t(layout_.value_code_bytes());
     cache->key_rows().grow(tokens);
     cache->value_rows().grow(tokens);
     for (int h = 0; h < kv_heads_; ++h) {
       const std::vector<uint8_t> tiles =
-          tq_head_tiles_from_blocks(blocks.data(), n_blocks, kv_heads_, h);
-      const TQHostCodes codes = tq_codes_from_tiles(tiles.data(), int(tokens));
+          tq_head_tiles_from_blocks(blocks.data(), n_blocks, kv_heads_, h, layout_.tile_bytes());
+      const TQHostCodes codes =
+          tq_codes_from_tiles(tiles.data(), int(tokens), layout_.key_bits, layout_.value_bits);
       for (int64_t t = 0; t < tokens; ++t) {
-        std::memcpy(cache->key_rows().codes(h, t), &codes.key_codes[size_t(t) * 48], 48);
-        std::memcpy(cache->value_rows().codes(h, t), &codes.value_codes[size_t(t) * 64], 64);
+        std::memcpy(cache->key_rows().codes(h, t), &codes.key_codes[size_t(t) * kc], kc);
+        std::memcpy(cache->value_rows().codes(h, t), &codes.value_codes[size_t(t) * vc], vc);
         *cache->key_rows().aux(h, t) = codes.key_norms[size_t(t)];
         *cache->value_rows().aux(h, t) = codes.value_norms[size_t(t)];
       }
@@ -284,20 +291,24 @@ class TQ35DeviceFormat final : public DeviceFormat {
     const auto& cache = dynamic_cast<const TurboQuantKVCache&>(host);
     const int64_t tokens = cache.size();
     std::vector<uint8_t> blocks(size_t(blocks_for(tokens)) * block_bytes());
+    const size_t kc_bytes = size_t(layout_.key_code_bytes());
+    const size_t vc_bytes = size_t(layout_.value_code_bytes());
     for (int h = 0; h < kv_heads_; ++h) {
       TQHostCodes codes;
       codes.tokens = int(tokens);
+      codes.key_bits = layout_.key_bits;
+      codes.value_bits = layout_.value_bits;
       for (int64_t t = 0; t < tokens; ++t) {
         const uint8_t* kc = cache.key_rows().codes(h, t);
         const uint8_t* vc = cache.value_rows().codes(h, t);
-        codes.key_codes.insert(codes.key_codes.end(), kc, kc + 48);
-        codes.value_codes.insert(codes.value_codes.end(), vc, vc + 64);
+        codes.key_codes.insert(codes.key_codes.end(), kc, kc + kc_bytes);
+        codes.value_codes.insert(codes.value_codes.end(), vc, vc + vc_bytes);
         codes.key_norms.push_back(*cache.key_rows().aux(h, t));
         codes.value_norms.push_back(*cache.value_rows().aux(h, t));
       }
       const std::vector<uint8_t> tiles = tq_tiles_from_codes(codes);
-      tq_blocks_from_head_tiles(tiles.data(), int(tiles.size() / TQ35Layout::kTileBytes),
-                                kv_heads_, h, blocks.data());
+      tq_blocks_from_head_tiles(tiles.data(), int(tiles.size() / size_t(layout_.tile_bytes())),
+                                kv_heads_, h, blocks.data(), layout_.tile_bytes());
     }
     return blocks;
   }
@@ -305,6 +316,7 @@ class TQ35DeviceFormat final : public DeviceFormat {
  private:
   int kv_heads_;
   TurboQuantKVConfig config_;
+  TQTileLayout layout_;
   TQDeviceCodec codec_;
   DeviceBuffer<unsigned> value_norm_max_;
 };
@@ -327,9 +339,12 @@ std::string plan_key(const LayerCachePlan& p, DenseElem elem) {
 }
 
 
-bool is_tq35(const LayerCachePlan& p) {
-  return p.kind == LayerCacheKind::kTurboQuant && p.head_dim == 128 &&
-         p.turboquant.key_bits == 3 && p.turboquant.value_bits == 4;
+// Integer key and value bits with a fused kernel, head_dim 128.
+bool has_fused_turboquant(const LayerCachePlan& p) {
+  if (p.kind != LayerCacheKind::kTurboQuant || p.head_dim != 128) return false;
+  const double kb = p.turboquant.key_bits, vb = p.turboquant.value_bits;
+  return kb == double(int(kb)) && vb == double(int(vb)) &&
+         tq_attention_supported(int(kb), int(vb));
 }
 
 }  // namespace
@@ -360,7 +375,9 @@ std::shared_ptr<const DeviceFormat> make_device_format(const LayerCachePlan& p, 
     case LayerCacheKind::kRotating:
       return std::make_shared<DenseDeviceFormat>(elem, p.kv_heads, p.head_dim);
     case LayerCacheKind::kTurboQuant:
-      if (fused && is_tq35(p)) return std::make_shared<TQ35DeviceFormat>(p.kv_heads, p.turboquant);
+      if (fused && has_fused_turboquant(p)) {
+        return std::make_shared<TQFusedDeviceFormat>(p.kv_heads, p.turboquant);
+      }
       return make_generic_turboquant_format(p);
     case LayerCacheKind::kUniform:
       return make_generic_uniform_format(p);

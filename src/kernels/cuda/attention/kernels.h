@@ -15,10 +15,20 @@
 
 namespace turbokv::cuda::attn {
 
-// grid (splits, kv_heads * row_groups, batch); the paged cache of args.block_table.
-// One block of 12 warps per SM.
+// grid (splits, kv_heads * row_groups, batch); the paged cache of args.block_table, in the
+// tile format of codec.key_bits / codec.value_bits. One block of 12 warps per SM. Throws
+// Unsupported for bits without a kernel (TQTileLayout::supported and not instantiated).
 void launch_tq_attention(const AttentionArgs& args, const TQKernelCodec& codec, int batch,
                          cudaStream_t stream);
+// One per instantiated (key bits, value bits), tq_attention_k*v*.cu. K3/V4 and K4/V3 (what
+// --kv-bits 3.5 gives) also have a programmatic-launch (PDL) instantiation; the others run a
+// PDL request as a plain launch.
+#define TURBOKV_TQ_ATTENTION_BITS(X) X(3, 4) X(4, 3) X(4, 4) X(3, 3) X(2, 3) X(3, 2)
+#define TURBOKV_DECLARE_TQ_ATTENTION(kb, vb)                                                   \
+  void launch_tq_attention_k##kb##v##vb(const AttentionArgs& args, const TQKernelCodec& codec, \
+                                      int batch, cudaStream_t stream);
+TURBOKV_TQ_ATTENTION_BITS(TURBOKV_DECLARE_TQ_ATTENTION)
+#undef TURBOKV_DECLARE_TQ_ATTENTION
 
 // The paged fp16 cache of args.block_table.
 void launch_dense_attention(const AttentionArgs& args, int batch, cudaStream_t stream);

@@ -86,6 +86,31 @@ void bind_workspace(SplitPlan& plan, void* workspace, size_t bytes) {
 
 }  // namespace
 
+bool tq_attention_supported(int key_bits, int value_bits) {
+#define TURBOKV_TQ_SUPPORTED(kb, vb) \
+  if (key_bits == kb && value_bits == vb) return true;
+  TURBOKV_TQ_ATTENTION_BITS(TURBOKV_TQ_SUPPORTED)
+#undef TURBOKV_TQ_SUPPORTED
+  return false;
+}
+
+namespace attn {
+
+void launch_tq_attention(const AttentionArgs& args, const TQKernelCodec& codec, int batch,
+                         cudaStream_t stream) {
+#define TURBOKV_TQ_LAUNCH(kb, vb)                                 \
+  if (codec.key_bits == kb && codec.value_bits == vb) {           \
+    launch_tq_attention_k##kb##v##vb(args, codec, batch, stream); \
+    return;                                                     \
+  }
+  TURBOKV_TQ_ATTENTION_BITS(TURBOKV_TQ_LAUNCH)
+#undef TURBOKV_TQ_LAUNCH
+  throw Unsupported(str_cat("CUDA TurboQuant attention: no fused kernel for K", codec.key_bits,
+                            "/V", codec.value_bits));
+}
+
+}  // namespace attn
+
 size_t attention_workspace_bytes(const AttentionProblem& problem, CacheKind kind) {
   return workspace_bytes(plan(problem, kind));
 }

@@ -1,23 +1,27 @@
-// Fused TurboQuant 3.5 attention (decode, and prefill over a quantized past) on packed codes
-// in the tile format of tq_layout.h. One block of 12 warps per SM; per block: rotate its 8
+// Fused TurboQuant attention (decode, and prefill over a quantized past) on packed codes in the
+// tile formats of tq_layout.h, one kernel per (key bits, value bits) pair, instantiated by the
+// tq_attention_k*v*.cu files. One block of 12 warps per SM; per block: rotate its 8
 // query rows once (R q, stored as the score MMA's f16x2 B operands in shared memory), then each
 // warp streams its 32-token tiles (w, w + 12, ...) straight from global memory into registers
 // (the whole next tile requested before the current one is computed: 9 coalesced 16-B loads
 // per lane, no shared-memory staging) and
-//  - turns each 6-bit key pair / 8-bit value pair into an f16x2 tensor-core operand with one
-//    lane-private shared-memory table lookup (conflict-free: entry e of lane L at
-//    256*e + 4L; the address is one funnel shift + LOP3 for keys, one byte_perm for values),
+//  - turns each key pair / value pair of codes (2 * bits bits) into an f16x2 tensor-core operand
+//    with one lane-private shared-memory table lookup (conflict-free: entry e of lane L at
+//    256*e + 4L; the address is one byte_perm for 8-bit pairs, else a shift or funnel shift and
+//    one LOP3),
 //  - scores = key norm * <R q, c[idx]> (MMA), online softmax in base 2 with a lazy max,
 //  - accumulates value norm * p * c[idx] in the rotated frame (MMA).
 // Split 0's block of each row group merges the splits and rotates back (merge.cuh).
 //
 // Why this shape (measured on an H200; docs/kernels.md, "CUDA attention"): shared
 // memory stages (cp.async or bulk copies, 12-16 warps, 2-3 stages), deeper register prefetch,
-// prefetching in the loop and 14-16 warps were all as fast or slower; the loop costs ~500 warp
-// instructions per tile, half of them the operand lookups. Operands from byte_perm lookups in
+// prefetching in the loop and 14-16 warps were all as fast or slower (K3/V4); the loop costs
+// ~500 warp instructions per tile, half of them the operand lookups. Operands from byte_perm lookups in
 // registers instead of shared memory, or the shifts as multiplies, were slower (more ALU
 // work); keeping the query fragments in shared memory frees the 16 registers that holding the
 // next tile's values needs.
+#pragma once
+
 #include <cuda_fp16.h>
 
 #include "kernels/cuda/attention/async_copy.cuh"
@@ -28,9 +32,7 @@
 #include "kernels/cuda/tq_layout.h"
 
 namespace turbokv::cuda::attn {
-namespace {
-
-using L = TQ35Layout;
+namespace tq {
 
 constexpr int kBlockWarps = 12;  // up to 168 registers per thread (65536 / 384): one block per SM
 // Splits of at least kPrefetchFrom tiles prefetch their first kPrefetchTiles tiles to L2 at
@@ -38,7 +40,8 @@ constexpr int kBlockWarps = 12;  // up to 168 registers per thread (65536 / 384)
 constexpr int kPrefetchFrom = 128;
 constexpr int kPrefetchTiles = 36;
 
-// Operand tables, row e (256 B): [value pair e, lanes 0..31][key pair e (e < 64), lanes 0..31].
+// Operand tables, row e (256 B): [value pair e (e < 2^(2 vb)), lanes 0..31][key pair e
+// (e < 2^(2 kb)), lanes 0..31].
 // They sit at a 64 KB-aligned shared address A, so a lookup address is one LOP3 (keys) or one
 // byte_perm (values) of the code word and (A + 4 * lane), with no add. The dynamic buffer is
 // large enough to hold a 64 KB-aligned table whatever its base; the block merge reuses it.
@@ -48,29 +51,26 @@ constexpr int kKeyTableOffset = 128;
 constexpr int kSmemBytes = 2 * kTableBytes - 16;
 static_assert(kSmemBytes >= block_partial_scratch_bytes(kBlockWarps), "merge scratch fits");
 
-// Fills the tables: every row holds 32 copies (one per lane) of its f16x2 pair, written as
-// 8 chunks of 4 copies. Thread (warp w, lane l) writes value rows 16 * hi + l % 16 for
-// hi = w, w + 12 (chunks l / 16, + 2, + 4, + 6) and, for w < 8, key rows 8 * w + l % 8
-// (chunks l / 8, + 4): a few independent 16-B stores per thread.
-__device__ __forceinline__ void fill_tables(char* tables, const TQKernelCodec& codec, int warp,
-                                            int lane) {
-  const float value_lo = codec.value_centroids[lane % 16];
-  for (int hi = warp; hi < 16; hi += kBlockWarps) {
-    const uint32_t pair = half2_bits(value_lo, codec.value_centroids[hi]);
-    char* row = tables + (16 * hi + lane % 16) * kTableRowBytes;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      *reinterpret_cast<uint4*>(row + 16 * (lane / 16 + 2 * k)) =
-          make_uint4(pair, pair, pair, pair);
-    }
+// Fills the tables: every row holds 32 copies (one per lane) of its f16x2 pair (row
+// hi * 2^bits + lo: centroids lo, hi), written as 8 chunks of 4 copies; 8 consecutive threads
+// write one row's 128 B (conflict-free 16-B stores).
+template <int kKeyBits, int kValueBits>
+__device__ __forceinline__ void fill_tables(char* tables, const TQKernelCodec& codec) {
+  constexpr int kValueRows = 1 << (2 * kValueBits), kKeyRows = 1 << (2 * kKeyBits);
+  constexpr int kThreads = kBlockWarps * 32;
+  for (int i = threadIdx.x; i < kValueRows * 8; i += kThreads) {
+    const int row = i / 8, chunk = i % 8;
+    const uint32_t pair = half2_bits(codec.value_centroids[row & ((1 << kValueBits) - 1)],
+                                     codec.value_centroids[row >> kValueBits]);
+    *reinterpret_cast<uint4*>(tables + row * kTableRowBytes + 16 * chunk) =
+        make_uint4(pair, pair, pair, pair);
   }
-  if (warp < 8) {
-    const uint32_t pair = half2_bits(codec.key_centroids[lane % 8], codec.key_centroids[warp]);
-    char* row = tables + (8 * warp + lane % 8) * kTableRowBytes + kKeyTableOffset;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      *reinterpret_cast<uint4*>(row + 16 * (lane / 8 + 4 * k)) = make_uint4(pair, pair, pair, pair);
-    }
+  for (int i = threadIdx.x; i < kKeyRows * 8; i += kThreads) {
+    const int row = i / 8, chunk = i % 8;
+    const uint32_t pair = half2_bits(codec.key_centroids[row & ((1 << kKeyBits) - 1)],
+                                     codec.key_centroids[row >> kKeyBits]);
+    *reinterpret_cast<uint4*>(tables + row * kTableRowBytes + kKeyTableOffset + 16 * chunk) =
+        make_uint4(pair, pair, pair, pair);
   }
 }
 
@@ -81,43 +81,49 @@ __device__ __forceinline__ const uint8_t* load_nc(const uint8_t* const* p) {
 }
 
 // The tiles of the block's sequence and KV head in the paged cache: tile t is tile t % 8 of
-// the head's run in block t / 8, [kv_heads][8 tiles][3712 B].
+// the head's run in block t / 8, [kv_heads][8 tiles][kTileBytes].
+template <int kTileBytes>
 struct SequenceTiles {
   const uint8_t* const* table;  // the sequence's block table row
   size_t head_offset;           // kv_head * 8 * kTileBytes (+ 16 * lane for a lane's chunks)
   __device__ __forceinline__ const uint8_t* tile(int t) const {
-    return load_nc(table + t / kBlockTiles) + head_offset + size_t(t % kBlockTiles) * L::kTileBytes;
+    return load_nc(table + t / kBlockTiles) + head_offset + size_t(t % kBlockTiles) * kTileBytes;
   }
 };
 
-__device__ __forceinline__ SequenceTiles sequence_tiles(const AttentionArgs& a,
-                                                        const BlockCoords& bc, size_t extra) {
-  return SequenceTiles{a.block_table + size_t(bc.b) * a.table_stride,
-                       size_t(bc.kv_head) * kBlockTiles * L::kTileBytes + extra};
+template <int kTileBytes>
+__device__ __forceinline__ SequenceTiles<kTileBytes> sequence_tiles(const AttentionArgs& a,
+                                                                    const BlockCoords& bc,
+                                                                    size_t extra) {
+  return SequenceTiles<kTileBytes>{a.block_table + size_t(bc.b) * a.table_stride,
+                                   size_t(bc.kv_head) * kBlockTiles * kTileBytes + extra};
 }
 
 // Long splits: warp 0 prefetches the split's first kPrefetchTiles tiles to L2 (a tile per
 // lane per round), so HBM is busy while the prologue runs and the first steps hit L2
 // (measured: from tile 0, not from the second round, is faster).
+template <int kTileBytes>
 __device__ __forceinline__ void prefetch_split_start(const AttentionArgs& a,
-                                                     const SequenceTiles& seq, int max_tiles,
-                                                     int warp, int lane) {
+                                                     const SequenceTiles<kTileBytes>& seq,
+                                                     int max_tiles, int warp, int lane) {
   if (warp != 0 || a.tiles_per_split < kPrefetchFrom) return;
   const int begin = blockIdx.x * a.tiles_per_split;
   const int end = min(min(begin + a.tiles_per_split, max_tiles), begin + kPrefetchTiles);
   for (int t = begin + lane; t < end; t += 32) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(seq.tile(t)),
-                 "r"(uint32_t(L::kTileBytes))
+                 "r"(uint32_t(kTileBytes))
                  : "memory");
   }
 }
 
-// A tile as one lane holds it: 3 key chunks (12 words = 4 slots x 96 bits of 3-bit codes), the
-// lane group's norms (per slot: key norm, value norm as fp16), 4 value chunks.
+// A tile as one lane holds it: kKeyBits key chunks (4 slots x 32 kKeyBits bits), the lane
+// group's norms (per slot: key norm, value norm as fp16), kValueBits value chunks.
+template <int kKeyBits, int kValueBits>
 struct TileRegs {
-  uint4 k[3];
+  static constexpr TQTileLayout kLayout{kKeyBits, kValueBits};
+  uint4 k[kKeyBits];
   uint4 n;
-  uint4 v[4];
+  uint4 v[kValueBits];
 };
 
 __device__ __forceinline__ uint4 load_stream(const uint8_t* p) {
@@ -143,30 +149,39 @@ __device__ __forceinline__ float4 load_nc(const float4* p) {
 }
 
 // tile_lane = tile start + 16 * lane (chunk i of a section at byte 512 * i + 16 * lane).
-__device__ __forceinline__ void load_tile_keys(TileRegs& r, const uint8_t* tile_lane, int lane) {
+template <int kKeyBits, int kValueBits>
+__device__ __forceinline__ void load_tile_keys(TileRegs<kKeyBits, kValueBits>& r,
+                                               const uint8_t* tile_lane, int lane) {
 #pragma unroll
-  for (int i = 0; i < 3; ++i) r.k[i] = load_stream(tile_lane + 512 * i);
-  r.n = load_stream(tile_lane - 16 * lane + L::kNormOffset + 16 * (lane / 4));
+  for (int i = 0; i < kKeyBits; ++i) r.k[i] = load_stream(tile_lane + 512 * i);
+  r.n = load_stream(tile_lane - 16 * lane + r.kLayout.norms_offset() + 16 * (lane / 4));
 }
-__device__ __forceinline__ void load_tile_values(TileRegs& r, const uint8_t* tile_lane) {
+template <int kKeyBits, int kValueBits>
+__device__ __forceinline__ void load_tile_values(TileRegs<kKeyBits, kValueBits>& r,
+                                                 const uint8_t* tile_lane) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) r.v[i] = load_stream(tile_lane + L::kValueOffset + 512 * i);
+  for (int i = 0; i < kValueBits; ++i) {
+    r.v[i] = load_stream(tile_lane + r.kLayout.value_offset() + 512 * i);
+  }
 }
 
-// Key code word w (0..11) of the lane's record.
-__device__ __forceinline__ uint32_t key_word(const TileRegs& r, int w) {
-  const uint4& x = r.k[w / 4];
-  return w % 4 == 0 ? x.x : w % 4 == 1 ? x.y : w % 4 == 2 ? x.z : x.w;
+// Word w of a lane's record of kChunks 16-B chunks.
+template <int kChunks>
+__device__ __forceinline__ uint32_t record_word(const uint4 (&x)[kChunks], int w) {
+  const uint4& c = x[w / 4];
+  return w % 4 == 0 ? c.x : w % 4 == 1 ? c.y : w % 4 == 2 ? c.z : c.w;
 }
 
-// The 6-bit key pair at bit `pos` of the lane's record, moved to bits [8, 14) (other bits
-// are garbage): its table row. pos is a compile-time constant after unrolling.
-__device__ __forceinline__ uint32_t key_pair_row(const TileRegs& r, int pos) {
-  constexpr int kWords = L::kKeyWordsPerLane;
-  if (pos < 8) return key_word(r, 0) << (8 - pos);
+// The pair of kBits-bit codes at bit `pos` of the record, moved to bits [8, 8 + 2 kBits)
+// (other bits are garbage): its table row. pos is a compile-time constant after unrolling.
+template <int kBits, int kChunks>
+__device__ __forceinline__ uint32_t pair_row(const uint4 (&x)[kChunks], int pos) {
+  constexpr int kWords = 4 * kChunks;
+  if (pos < 8) return record_word(x, 0) << (8 - pos);
   const int shift = pos - 8, word = shift / 32, bit = shift % 32;
-  if (bit + 14 <= 32) return key_word(r, word) >> bit;
-  return __funnelshift_r(key_word(r, word), key_word(r, word + 1 < kWords ? word + 1 : word), bit);
+  if (bit + 8 + 2 * kBits <= 32) return record_word(x, word) >> bit;
+  return __funnelshift_r(record_word(x, word), record_word(x, word + 1 < kWords ? word + 1 : word),
+                         bit);
 }
 
 // lane_table = A + 4 * lane (shared address, A the 64 KB-aligned table base).
@@ -177,17 +192,36 @@ __device__ __forceinline__ uint32_t table_load(uint32_t address) {
   return v;
 }
 
-// Key pair `pair` (dims 32c + 2 pair, + 1) of slot `slot`.
-__device__ __forceinline__ uint32_t key_operand(uint32_t lane_table, const TileRegs& r, int slot,
-                                                int pair) {
-  const uint32_t row = key_pair_row(r, 96 * slot + 6 * pair);
-  return table_load<kKeyTableOffset>((row & 0x3F00u) | lane_table);
+// The table entry of the code pair at bit `pos` of a record (a lookup at kOffset in the row):
+// 8-bit pairs are byte j of their word, which becomes address byte 1 (the row) while bytes
+// 0, 2, 3 come from lane_table; narrower pairs are shifted into place and masked.
+template <int kBits, int kOffset, int kChunks>
+__device__ __forceinline__ uint32_t pair_operand(uint32_t lane_table, const uint4 (&x)[kChunks],
+                                                 int pos) {
+  if constexpr (kBits == 4) {
+    const uint32_t word = record_word(x, pos / 32);
+    return table_load<kOffset>(__byte_perm(word, lane_table, 0x7604u | (uint32_t(pos % 32 / 8) << 4)));
+  } else {
+    constexpr uint32_t kMask = ((1u << (2 * kBits)) - 1) << 8;
+    return table_load<kOffset>((pair_row<kBits>(x, pos) & kMask) | lane_table);
+  }
 }
 
-// Byte j of the value word becomes address byte 1 (the row); bytes 0, 2, 3 come from
-// lane_table.
-__device__ __forceinline__ uint32_t value_operand(uint32_t lane_table, uint32_t word, int j) {
-  return table_load<0>(__byte_perm(word, lane_table, 0x7604u | (uint32_t(j) << 4)));
+// Key pair `pair` (dims 32c + 2 pair, + 1) of slot `slot`.
+template <int kKeyBits, int kValueBits>
+__device__ __forceinline__ uint32_t key_operand(uint32_t lane_table,
+                                                const TileRegs<kKeyBits, kValueBits>& r, int slot,
+                                                int pair) {
+  return pair_operand<kKeyBits, kKeyTableOffset>(lane_table, r.k,
+                                                 32 * kKeyBits * slot + 2 * kKeyBits * pair);
+}
+
+// Value pair j (A-operand register a_j) of operand group `group` (token half, 16-dim tile).
+template <int kKeyBits, int kValueBits>
+__device__ __forceinline__ uint32_t value_operand(uint32_t lane_table,
+                                                  const TileRegs<kKeyBits, kValueBits>& r,
+                                                  int group, int j) {
+  return pair_operand<kValueBits, 0>(lane_table, r.v, 8 * kValueBits * group + 2 * kValueBits * j);
 }
 
 // The score MMA's B operands (rotated query rows as f16x2), read from shared memory in every
@@ -201,7 +235,9 @@ struct QueryFrags {
   }
 };
 
-__device__ __forceinline__ void process_tile(const TileRegs& r, int tile_token0,
+template <int kKeyBits, int kValueBits>
+__device__ __forceinline__ void process_tile(const TileRegs<kKeyBits, kValueBits>& r,
+                                             int tile_token0,
                                              const QueryFrags& qf, uint32_t lane_table,
                                              const BlockCoords& bc, int g, float value_scale,
                                              WarpState& st) {
@@ -234,29 +270,25 @@ __device__ __forceinline__ void process_tile(const TileRegs& r, int tile_token0,
   }
   uint32_t pb[2][2];
   softmax_any_tile(st, s, kmul, vmul, tile_token0, bc, g, pb);
-  // Values: chunk 2 * kb + q holds the 4 words of 16-token half kb, 16-dim tiles 4q .. 4q+3.
+  // Values: operand group 8 * kt + mt is 16-token half kt, 16-dim tile mt.
 #pragma unroll
-  for (int kb = 0; kb < 2; ++kb) {
+  for (int kt = 0; kt < 2; ++kt) {
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const uint4 x = r.v[2 * kb + q];
-      const uint32_t words[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint32_t w = words[i];
-        mma_16816(st.acc[4 * q + i], value_operand(lane_table, w, 0),
-                  value_operand(lane_table, w, 1), value_operand(lane_table, w, 2),
-                  value_operand(lane_table, w, 3), pb[kb][0], pb[kb][1]);
-      }
+    for (int mt = 0; mt < 8; ++mt) {
+      const int group = 8 * kt + mt;
+      mma_16816(st.acc[mt], value_operand(lane_table, r, group, 0),
+                value_operand(lane_table, r, group, 1), value_operand(lane_table, r, group, 2),
+                value_operand(lane_table, r, group, 3), pb[kt][0], pb[kt][1]);
     }
   }
 }
 
 // kProgrammatic: launched with PDL (AttentionArgs::programmatic), a separate instantiation so
 // that the plain kernel's prologue is exactly the measured one.
-template <bool kProgrammatic>
+template <int kKeyBits, int kValueBits, bool kProgrammatic>
 __global__ void __launch_bounds__(kBlockWarps * 32, 1)
     tq_attention_kernel(const AttentionArgs a, const TQKernelCodec codec) {
+  constexpr int kTileBytes = TQTileLayout{kKeyBits, kValueBits}.tile_bytes();
   extern __shared__ __align__(16) char smem[];   // gap, 64 KB-aligned tables (merge scratch later)
   __shared__ __align__(16) uint2 q_frag[8][32];  // the score MMA's B operands (QueryFrags)
   stamp(a, kStampEntry);
@@ -271,8 +303,8 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 1)
   // previous kernels' host-side stream order only, never by a kernel, so the prefetch may read
   // it; an L2 prefetch is only a hint.
   if (kProgrammatic) {
-    fill_tables(smem + table_offset, codec, warp, lane);
-    prefetch_split_start(a, sequence_tiles(a, bc, 0), max_tiles, warp, lane);
+    fill_tables<kKeyBits, kValueBits>(smem + table_offset, codec);
+    prefetch_split_start(a, sequence_tiles<kTileBytes>(a, bc, 0), max_tiles, warp, lane);
     wait_for_previous_kernel();
   }
   // The query row and the sequence length are requested first (measured: the prologue ends
@@ -285,8 +317,8 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 1)
   // Value operands are fp16: norms above kMaxPlainValueNorm are scaled down by a power of two
   // (exact), and the merge scales the output back up.
   const float value_scale = value_operand_scale(a);
-  const SequenceTiles seq_tiles = sequence_tiles(a, bc, 16 * lane);
-  TileRegs buf[2];
+  const SequenceTiles<kTileBytes> seq_tiles = sequence_tiles<kTileBytes>(a, bc, 16 * lane);
+  TileRegs<kKeyBits, kValueBits> buf[2];
   const int first = blockIdx.x * a.tiles_per_split + warp;
   if (first < min((blockIdx.x + 1) * a.tiles_per_split, max_tiles)) {
     const uint8_t* tile = seq_tiles.tile(first);
@@ -294,10 +326,10 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 1)
     load_tile_values(buf[0], tile);
   }
   if (!kProgrammatic) {
-    prefetch_split_start(a, sequence_tiles(a, bc, 0), max_tiles, warp, lane);
+    prefetch_split_start(a, sequence_tiles<kTileBytes>(a, bc, 0), max_tiles, warp, lane);
     // The tables do not depend on the length: filled while it and the query are on their way
     // (measured: -0.5 to -1%).
-    fill_tables(smem + table_offset, codec, warp, lane);
+    fill_tables<kKeyBits, kValueBits>(smem + table_offset, codec);
   }
   set_block_limits(a, len, c, bc);
   if (bc.tile_begin >= bc.tile_end) return;  // split past this sequence's end (whole block)
@@ -348,21 +380,34 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 1)
   finish_row_group<kBlockWarps>(a, bc, warp, lane, 1.0f / value_scale);
 }
 
-}  // namespace
-
-void launch_tq_attention(const AttentionArgs& args, const TQKernelCodec& codec, int batch,
-                         cudaStream_t stream) {
+// Launches the kernel of kKeyBits / kValueBits (args.programmatic: its PDL instantiation
+// where kPdl is set, else the plain one without the PDL attribute).
+template <int kKeyBits, int kValueBits, bool kPdl>
+void launch(const AttentionArgs& args, const TQKernelCodec& codec, int batch,
+            cudaStream_t stream) {
   static const bool configured = [] {
-    for (auto kernel : {tq_attention_kernel<false>, tq_attention_kernel<true>}) {
-      TURBOKV_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    TURBOKV_CUDA_CHECK(cudaFuncSetAttribute(tq_attention_kernel<kKeyBits, kValueBits, false>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            kSmemBytes));
+    if (kPdl) {
+      TURBOKV_CUDA_CHECK(cudaFuncSetAttribute(tq_attention_kernel<kKeyBits, kValueBits, kPdl>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              kSmemBytes));
     }
     return true;
   }();
   (void)configured;
   const dim3 grid(args.splits, args.kv_heads * args.row_groups, batch);
-  launch_attention_kernel(args.programmatic ? tq_attention_kernel<true> : tq_attention_kernel<false>,
-                          grid, kBlockWarps * 32, kSmemBytes, stream, args, codec);
+  if (args.programmatic && kPdl) {
+    launch_attention_kernel(tq_attention_kernel<kKeyBits, kValueBits, kPdl>, grid,
+                            kBlockWarps * 32, kSmemBytes, stream, args, codec);
+  } else {
+    AttentionArgs plain = args;
+    plain.programmatic = 0;
+    launch_attention_kernel(tq_attention_kernel<kKeyBits, kValueBits, false>, grid,
+                            kBlockWarps * 32, kSmemBytes, stream, plain, codec);
+  }
 }
 
+}  // namespace tq
 }  // namespace turbokv::cuda::attn

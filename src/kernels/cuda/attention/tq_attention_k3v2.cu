@@ -1,0 +1,11 @@
+// The fused TurboQuant attention kernel of keys 3 bits, values 2 bits (tq_attention.cuh).
+#include "kernels/cuda/attention/tq_attention.cuh"
+
+namespace turbokv::cuda::attn {
+
+void launch_tq_attention_k3v2(const AttentionArgs& args, const TQKernelCodec& codec, int batch,
+                              cudaStream_t stream) {
+  tq::launch<3, 2, /*kPdl=*/false>(args, codec, batch, stream);
+}
+
+}  // namespace turbokv::cuda::attn
