@@ -2,8 +2,12 @@
 // that the calls can be captured in CUDA graphs.
 #include "kernels/cuda/gemm.h"
 
+#include <cstdlib>
+#include <string>
+
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemv.h"
 
 namespace turbokv::cuda {
 namespace {
@@ -27,7 +31,9 @@ cudaDataType_t data_type(Elem e) {
 
 }  // namespace
 
-Gemm::Gemm(cudaStream_t stream) {
+Gemm::Gemm(cudaStream_t stream) : stream_(stream) {
+  const char* env = std::getenv("TURBOKV_GEMV");
+  use_gemv_ = env == nullptr || std::string(env) != "0";
   check(cublasCreate(&handle_), "cublasCreate");
   check(cublasSetStream(handle_, stream), "cublasSetStream");
   TURBOKV_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
@@ -44,6 +50,10 @@ void Gemm::run(const void* x, const void* w, Elem elem, int64_t m, int64_t n, in
   if (m == 0 || n == 0) return;
   if (m < 0 || n < 0 || k < 1 || ldy < n || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) {
     throw InvalidArgument(str_cat("gemm: m ", m, ", n ", n, ", k ", k, ", ldy ", ldy));
+  }
+  if (use_gemv_ && gemv_supported(x, w, elem, m, k)) {
+    gemv(x, w, elem, m, n, k, y, ldy, accumulate, stream_);
+    return;
   }
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   // Column-major view: yᵀ [n, m] = W [n, k] (stored as Wᵀ [k, n]) · xᵀ [k, m].

@@ -1,7 +1,9 @@
 // y = x · Wᵀ through cuBLAS (torch.nn.Linear's layout, W [out, in] row-major), with fp32
 // accumulation and an fp32 result; x is in W's element type (the caller narrows it).
 // fp32 weights run in full fp32 (CUBLAS_COMPUTE_32F with the default math mode: no TF32), so
-// the GPU matches the CPU engine closely; bf16 and fp16 weights run on the tensor cores.
+// the GPU matches the CPU engine closely; bf16 and fp16 weights run on the tensor cores, and
+// with at most kGemvMaxRows rows of x on our GEMV (gemv.h), which streams the weights at close
+// to memory speed (TURBOKV_GEMV=0 in the environment: cuBLAS for every shape, to compare).
 #pragma once
 
 #include <cublas_v2.h>
@@ -29,6 +31,8 @@ class Gemm {
  private:
   cublasHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  bool use_gemv_ = true;
 };
 
 }  // namespace turbokv::cuda

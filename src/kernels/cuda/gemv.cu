@@ -1,0 +1,142 @@
+// Dense fp16 / bf16 GEMV for decode (gemv.h).
+#include "kernels/cuda/gemv.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace turbokv::cuda {
+namespace {
+
+constexpr int kWarps = 8;   // rows per block
+constexpr int kUnroll = 4;  // 16-B chunks of the row in flight per lane
+
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+  uint4 x;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+               : "l"(p));
+  return x;
+}
+
+// The two elements of a 32-bit word as floats (low element first).
+template <typename T>
+__device__ __forceinline__ float2 widen2(uint32_t u);
+template <>
+__device__ __forceinline__ float2 widen2<__nv_bfloat16>(uint32_t u) {
+  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+}
+template <>
+__device__ __forceinline__ float2 widen2<__half>(uint32_t u) {
+  __half2 h;
+  memcpy(&h, &u, 4);
+  return __half22float2(h);
+}
+
+template <typename T>
+__device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc) {
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w}, xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 a = widen2<T>(ws[i]), b = widen2<T>(xs[i]);
+    acc = fmaf(a.x, b.x, acc);
+    acc = fmaf(a.y, b.y, acc);
+  }
+  return acc;
+}
+
+template <typename T, int M>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_kernel(const T* __restrict__ x, const T* __restrict__ w, int64_t n, int64_t k,
+                float* __restrict__ y, int64_t ldy, int accumulate) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * kWarps + warp;
+  if (row >= n) return;
+  const int64_t chunks = k / 8;
+  const uint4* wr = reinterpret_cast<const uint4*>(w + row * k);
+  const uint4* xr = reinterpret_cast<const uint4*>(x);
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = 0;
+  int64_t c = lane;
+  for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
+    uint4 wv[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) wv[u] = load_stream(wr + c + 32 * u);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) acc[m] = dot8<T>(wv[u], __ldg(xr + m * chunks + c + 32 * u), acc[m]);
+    }
+  }
+  for (; c < chunks; c += 32) {
+    const uint4 wv = load_stream(wr + c);
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[m] = dot8<T>(wv, __ldg(xr + m * chunks + c), acc[m]);
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    float s = acc[m];
+    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+    acc[m] = s;
+  }
+  if (lane < M) {
+    float s = acc[0];
+#pragma unroll
+    for (int m = 1; m < M; ++m) s = lane == m ? acc[m] : s;
+    float* out = y + int64_t(lane) * ldy + row;
+    *out = accumulate ? *out + s : s;
+  }
+}
+
+template <typename T>
+void launch(const void* x, const void* w, int64_t m, int64_t n, int64_t k, float* y, int64_t ldy,
+            bool accumulate, cudaStream_t stream) {
+  const unsigned blocks = unsigned((n + kWarps - 1) / kWarps);
+  const T* xt = static_cast<const T*>(x);
+  const T* wt = static_cast<const T*>(w);
+  const int acc = accumulate ? 1 : 0;
+  switch (m) {
+#define TURBOKV_GEMV_CASE(M)                                                             \
+  case M:                                                                                \
+    gemv_kernel<T, M><<<blocks, kWarps * 32, 0, stream>>>(xt, wt, n, k, y, ldy, acc);   \
+    break;
+    TURBOKV_GEMV_CASE(1)
+    TURBOKV_GEMV_CASE(2)
+    TURBOKV_GEMV_CASE(3)
+    TURBOKV_GEMV_CASE(4)
+    TURBOKV_GEMV_CASE(5)
+    TURBOKV_GEMV_CASE(6)
+    TURBOKV_GEMV_CASE(7)
+    TURBOKV_GEMV_CASE(8)
+#undef TURBOKV_GEMV_CASE
+  }
+  TURBOKV_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool gemv_supported(const void* x, const void* w, Elem elem, int64_t m, int64_t k) {
+  return (elem == Elem::kBF16 || elem == Elem::kF16) && m >= 1 && m <= kGemvMaxRows && k >= 8 &&
+         k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(w) % 16 == 0;
+}
+
+void gemv(const void* x, const void* w, Elem elem, int64_t m, int64_t n, int64_t k, float* y,
+          int64_t ldy, bool accumulate, cudaStream_t stream) {
+  if (n == 0) return;
+  if (!gemv_supported(x, w, elem, m, k) || n < 0 || ldy < n || n > (int64_t(1) << 36)) {
+    throw InvalidArgument(str_cat("gemv: m ", m, ", n ", n, ", k ", k, ", ldy ", ldy,
+                                  ": needs fp16/bf16, m 1..", kGemvMaxRows,
+                                  ", k a multiple of 8 and 16-B aligned operands"));
+  }
+  if (elem == Elem::kBF16) {
+    launch<__nv_bfloat16>(x, w, m, n, k, y, ldy, accumulate, stream);
+  } else {
+    launch<__half>(x, w, m, n, k, y, ldy, accumulate, stream);
+  }
+}
+
+}  // namespace turbokv::cuda

@@ -1,0 +1,30 @@
+// y = x · Wᵀ for a few activation rows (decode) on dense fp16 / bf16 weights, W [n, k]
+// row-major (torch.nn.Linear's layout): a GEMV that streams W once from memory at close to
+// its bandwidth, where a GEMM library's small-m kernels may not. fp32 accumulation, fp32
+// result, x in W's element type (as Gemm::run takes it). Gemm::run calls it for m <= kGemvMaxRows.
+//
+// One warp per output row: each lane reads 16-B chunks of the row (8 elements), four in
+// flight, multiplies them with the same chunk of every x row (read through L1) and the warp
+// sums its lanes. The sum order differs from cuBLAS's (both fp32).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/model_ops.h"
+
+namespace turbokv::cuda {
+
+constexpr int64_t kGemvMaxRows = 8;
+
+// Whether gemv takes this problem: elem fp16 or bf16, 1 <= m <= kGemvMaxRows, k a multiple of 8,
+// x and w 16-B aligned.
+bool gemv_supported(const void* x, const void* w, Elem elem, int64_t m, int64_t k);
+
+// y [m, n] (row stride ldy >= n) = x [m, k] · w [n, k]ᵀ (+ y when accumulate). Throws
+// InvalidArgument for a problem gemv_supported rejects.
+void gemv(const void* x, const void* w, Elem elem, int64_t m, int64_t n, int64_t k, float* y,
+          int64_t ldy, bool accumulate, cudaStream_t stream);
+
+}  // namespace turbokv::cuda
