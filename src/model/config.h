@@ -135,6 +135,9 @@ struct ModelConfig : ModelInfo {
   int moe_topk_groups = 1;  // topk_group
   float routed_scaling_factor = 1;
   int shared_expert_intermediate = 0;  // > 0: a shared expert MLP added to every token
+  std::string shared_expert_name = "shared_experts";  // its weights: mlp.<name>.*_proj
+  bool shared_expert_gate = false;  // qwen3_5_moe: the shared expert's output times
+                                    // sigmoid(x · mlp.shared_expert_gate)
 };
 
 // Reads dir/config.json (and generation_config.json for EOS ids). Throws IoError when missing,

@@ -164,9 +164,23 @@ DecoderModel::DecoderModel(ModelConfig config, WeightStore weights)
     if (!c.moe_layer.empty() && c.moe_layer[size_t(l)]) {
       MoeWeights moe;
       moe.router = weights_.matrix(p + "mlp.gate.weight", c.num_experts, H);
-      for (int e = 0; e < c.num_experts; ++e) {
-        moe.experts.push_back(
-            mlp_weights(str_cat(p, "mlp.experts.", e, "."), c.moe_intermediate_size));
+      const int64_t I = c.moe_intermediate_size;
+      if (weights_.has(p + "mlp.experts.gate_up_proj")) {
+        // Fused experts (transformers 5): gate_up_proj [E, 2I, H] (gate rows, then up rows),
+        // down_proj [E, H, I].
+        for (int e = 0; e < c.num_experts; ++e) {
+          MlpWeights m;
+          const WeightMatrix gate_up = weights_.stacked_matrix(p + "mlp.experts.gate_up_proj",
+                                                               c.num_experts, e, 2 * I, H);
+          m.gate = gate_up.row_slice(0, I);
+          m.up = gate_up.row_slice(I, I);
+          m.down = weights_.stacked_matrix(p + "mlp.experts.down_proj", c.num_experts, e, H, I);
+          moe.experts.push_back(std::move(m));
+        }
+      } else {
+        for (int e = 0; e < c.num_experts; ++e) {
+          moe.experts.push_back(mlp_weights(str_cat(p, "mlp.experts.", e, "."), I));
+        }
       }
       moe.top_k = c.num_experts_per_token;
       moe.norm_topk_prob = c.norm_topk_prob;
@@ -178,7 +192,11 @@ DecoderModel::DecoderModel(ModelConfig config, WeightStore weights)
         moe.score_bias = weights_.vector(p + "mlp.gate.e_score_correction_bias", c.num_experts);
       }
       if (c.shared_expert_intermediate > 0) {
-        moe.shared_expert = mlp_weights(p + "mlp.shared_experts.", c.shared_expert_intermediate);
+        moe.shared_expert =
+            mlp_weights(str_cat(p, "mlp.", c.shared_expert_name, "."), c.shared_expert_intermediate);
+        if (c.shared_expert_gate) {
+          moe.shared_gate = weights_.matrix(p + "mlp.shared_expert_gate.weight", 1, H);
+        }
       }
       L.moe = std::move(moe);
     } else {

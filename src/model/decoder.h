@@ -43,10 +43,11 @@ struct MoeWeights {
   int groups = 1, topk_groups = 1;
   float routed_scale = 1;
   std::optional<MlpWeights> shared_expert;  // added for every token
+  WeightMatrix shared_gate;                 // [1, H]: set when the shared expert is gated
 };
 
 // Sparse block: the router picks top_k experts per token (moe_route), out = Σ weight_e ·
-// expert_e(x) (+ shared_expert(x)).
+// expert_e(x) (+ shared_expert(x), times sigmoid(x · shared_gate) when gated).
 void moe_forward(const MoeWeights& w, Activation act, const float* x, int64_t n, int64_t hidden,
                  float* out);
 // Expert choice for one token from its router logits [experts]: softmax top-k (qwen3_moe,

@@ -40,6 +40,8 @@ inline constexpr Family kFamilies[] = {
     {"qwen3_moe", configure_qwen3_moe},
     {"qwen3_5_text", configure_qwen3_5},
     {"qwen3_5", configure_qwen3_5},
+    {"qwen3_5_moe_text", configure_qwen3_5},
+    {"qwen3_5_moe", configure_qwen3_5},
     {"gemma4_text", configure_gemma4_text},
     {"deepseek_v3", configure_deepseek_v3},
 };

@@ -19,10 +19,27 @@ void configure_qwen3_5(const nlohmann::json& j, const std::string& path, ModelCo
   c.qk_norm = true;
   c.norm_plus_one = true;
   c.attention_output_gate = get_bool(j, "attn_output_gate", path).value_or(true);
-  if (get_int(j, "num_experts", path).value_or(0) > 0) {
-    throw Unsupported(str_cat(path, ": the Qwen3.5 mixture-of-experts variant (num_experts ",
-                              *get_int(j, "num_experts", path),
-                              ") is not supported; dense qwen3_5 models are"));
+  // The MoE variant (qwen3_5_moe): every layer's MLP is sparse, with a gated shared expert;
+  // transformers' router always renormalizes its top_k weights.
+  c.num_experts = int(get_int(j, "num_experts", path, 0, config_json::kIntMax).value_or(0));
+  if (c.num_experts > 0) {
+    c.num_experts_per_token =
+        int(get_int(j, "num_experts_per_tok", path, 0, config_json::kIntMax).value_or(0));
+    c.moe_intermediate_size =
+        int(get_int(j, "moe_intermediate_size", path, 0, config_json::kIntMax).value_or(0));
+    c.shared_expert_intermediate = int(
+        get_int(j, "shared_expert_intermediate_size", path, 0, config_json::kIntMax).value_or(0));
+    if (c.num_experts_per_token <= 0 || c.num_experts_per_token > c.num_experts ||
+        c.moe_intermediate_size <= 0) {
+      throw FormatError(str_cat(path, ": num_experts_per_tok ", c.num_experts_per_token,
+                                " must be in 1..", c.num_experts, " and moe_intermediate_size ",
+                                c.moe_intermediate_size, " > 0"));
+    }
+    c.norm_topk_prob = true;
+    c.moe_routing = MoeRouting::kSoftmaxTopK;
+    c.shared_expert_name = "shared_expert";
+    c.shared_expert_gate = c.shared_expert_intermediate > 0;
+    c.moe_layer.assign(size_t(c.num_layers), true);
   }
   LinearAttentionConfig& la = c.linear;
   la.num_key_heads = int(require_int(j, "linear_num_key_heads", path));

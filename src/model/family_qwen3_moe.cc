@@ -111,6 +111,14 @@ void moe_forward(const MoeWeights& w, Activation act, const float* x, int64_t n,
   if (w.shared_expert) {
     std::vector<float> shared(size_t(n * hidden));  // [n, H]
     mlp_forward(*w.shared_expert, act, x, n, shared.data());
+    if (w.shared_gate.data != nullptr) {
+      std::vector<float> gate(static_cast<size_t>(n));  // [n, 1]
+      matmul(x, n, w.shared_gate, nullptr, gate.data());
+      for (int64_t t = 0; t < n; ++t) {
+        const float s = 1.0f / (1.0f + std::exp(-gate[size_t(t)]));
+        for (int64_t h = 0; h < hidden; ++h) shared[size_t(t * hidden + h)] *= s;
+      }
+    }
     for (size_t i = 0; i < shared.size(); ++i) out[i] += shared[i];
   }
 }

@@ -119,6 +119,17 @@ WeightMatrix WeightStore::matrix(const std::string& name, int64_t rows, int64_t 
   return WeightMatrix{t.dtype, t.data, rows, cols};
 }
 
+WeightMatrix WeightStore::stacked_matrix(const std::string& name, int64_t count, int64_t index,
+                                         int64_t rows, int64_t cols) const {
+  if (gguf_) throw Unsupported(str_cat("tensor '", name, "': stacked matrices in a GGUF file"));
+  if (index < 0 || index >= count) {
+    throw InvalidArgument(str_cat("tensor '", name, "': matrix ", index, " of ", count));
+  }
+  const TensorView& t = tensor(name, {count, rows, cols});
+  const size_t bytes = size_t(rows) * size_t(cols) * dtype_size(t.dtype);
+  return WeightMatrix{t.dtype, t.data + size_t(index) * bytes, rows, cols};
+}
+
 std::vector<float> WeightStore::vector(const std::string& name, int64_t n) const {
   if (gguf_) return gguf_vector(name, n);
   return SafetensorsFile::to_f32(tensor(name, {n}));

@@ -39,6 +39,10 @@ class WeightStore {
   // Q4_0/Q5_0/Q4_K/Q6_K tensor. Throws FormatError naming the tensor and its file when it is
   // missing, has another type, or another shape.
   WeightMatrix matrix(const std::string& name, int64_t rows, int64_t cols) const;
+  // Matrix `index` of a stacked [count, rows, cols] dense tensor (F32/F16/BF16), e.g. one expert
+  // of fused expert weights; same checks, InvalidArgument for an index outside [0, count).
+  WeightMatrix stacked_matrix(const std::string& name, int64_t count, int64_t index, int64_t rows,
+                              int64_t cols) const;
   // A [n] vector widened to f32 (norm weights, biases); same checks.
   std::vector<float> vector(const std::string& name, int64_t n) const;
   // Any small safetensors tensor of the given shape widened to f32, row-major (e.g.

@@ -58,6 +58,31 @@ TEST(Config, MistralPhi3Qwen) {
   EXPECT_TRUE(moe.qk_norm);
 }
 
+// The Qwen3.5 MoE variant (transformers' Qwen3_5MoeTextConfig fields): every layer sparse, the
+// top-k weights renormalized whatever norm_topk_prob says, a gated shared expert.
+TEST(Config, Qwen3_5MoeEveryLayerSparseWithAGatedSharedExpert) {
+  std::ifstream in(fixture("hf-tiny/qwen3_5_text/config.json"));
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["model_type"] = "qwen3_5_moe_text";
+  j.erase("intermediate_size");
+  j["num_experts"] = 4;
+  j["num_experts_per_tok"] = 2;
+  j["moe_intermediate_size"] = 32;
+  j["shared_expert_intermediate_size"] = 48;
+  j["norm_topk_prob"] = false;
+  const ModelConfig c = parse_model_config(j, "config.json");
+  EXPECT_EQ(c.num_experts, 4);
+  EXPECT_EQ(c.num_experts_per_token, 2);
+  EXPECT_EQ(c.moe_intermediate_size, 32);
+  EXPECT_EQ(c.shared_expert_intermediate, 48);
+  EXPECT_EQ(c.shared_expert_name, "shared_expert");
+  EXPECT_TRUE(c.shared_expert_gate && c.norm_topk_prob);
+  EXPECT_EQ(c.moe_layer, std::vector<bool>(8, true));
+  EXPECT_EQ(c.layer_kind[0], LayerKind::kLinearAttention);
+  j["num_experts_per_tok"] = 5;
+  EXPECT_THROW(parse_model_config(j, "config.json"), FormatError);
+}
+
 TEST(Config, GemmaLayerPatternWithoutLayerTypes) {
   nlohmann::json j = {{"model_type", "gemma3_text"},
                       {"vocab_size", 16},

@@ -40,6 +40,14 @@ __global__ void sigmoid_gate_kernel(float* x, const float* gate, int64_t n) {
   TURBOKV_GRID_STRIDE(i, n) { x[i] *= 1.0f / (1.0f + expf(-gate[i])); }
 }
 
+__global__ void gated_rows_kernel(float* out, const float* y, const float* gate, int64_t rows,
+                                  int64_t dim) {
+  TURBOKV_GRID_STRIDE(i, rows * dim) {
+    const float s = 1.0f / (1.0f + expf(-gate[i / dim]));
+    out[i] += s * y[i];
+  }
+}
+
 __global__ void scale_kernel(float* x, int64_t n, float s) {
   TURBOKV_GRID_STRIDE(i, n) { x[i] *= s; }
 }
@@ -79,6 +87,13 @@ void split_query_gate(const float* qg, int64_t T, int heads, int hd, float* q, i
 void sigmoid_gate(float* x, const float* gate, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   sigmoid_gate_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, gate, n);
+  TURBOKV_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_sigmoid_gated_rows(float* out, const float* y, const float* gate, int64_t rows,
+                            int64_t dim, cudaStream_t stream) {
+  if (rows <= 0 || dim <= 0) return;
+  gated_rows_kernel<<<grid_for(rows * dim), kThreads, 0, stream>>>(out, y, gate, rows, dim);
   TURBOKV_CUDA_CHECK(cudaGetLastError());
 }
 

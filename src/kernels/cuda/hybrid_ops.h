@@ -22,6 +22,10 @@ void split_query_gate(const float* qg, int64_t T, int heads, int hd, float* q, i
 // x[i] *= sigmoid(gate[i]) for i < n.
 void sigmoid_gate(float* x, const float* gate, int64_t n, cudaStream_t stream);
 
+// out[r, :] += sigmoid(gate[r]) * y[r, :] for r < rows (a gated shared expert).
+void add_sigmoid_gated_rows(float* out, const float* y, const float* gate, int64_t rows,
+                            int64_t dim, cudaStream_t stream);
+
 // x[i] *= s.
 void scale(float* x, int64_t n, float s, cudaStream_t stream);
 

@@ -129,6 +129,7 @@ struct Layer {
   std::vector<Mlp> experts;
   bool shared_expert = false;
   Mlp shared;
+  DenseMatrix shared_gate;  // [1, H]: rows == 0 when the shared expert is not gated
   // Per-layer inputs.
   DenseMatrix per_layer_gate, per_layer_projection;
   DeviceBuffer<float> per_layer_norm;
@@ -359,6 +360,7 @@ void HybridForward::Impl::upload_weights() {
       if (W.moe->shared_expert) {
         d.shared_expert = true;
         d.shared = upload_mlp(*W.moe->shared_expert, total);
+        if (W.moe->shared_gate.data != nullptr) d.shared_gate = upload({&W.moe->shared_gate}, total);
       }
     } else {
       d.mlp = upload_mlp(W.mlp, total);
@@ -703,7 +705,13 @@ void HybridForward::Impl::moe(const Layer& L, const float* xn, int64_t T, float*
   if (L.shared_expert) {
     float* sh = buf(kMlpOut, T * H);
     mlp(L.shared, xn, T, sh, kAct, kGateUp);
-    residual_add(out, sh, T, H, nullptr, nullptr, 0, stream);
+    if (L.shared_gate.rows > 0) {
+      float* g = buf(kTmp, T);
+      linear(L.shared_gate, xn, T, g, 1);
+      add_sigmoid_gated_rows(out, sh, g, T, H, stream);
+    } else {
+      residual_add(out, sh, T, H, nullptr, nullptr, 0, stream);
+    }
   }
   // d_weights is freed at return: its last readers must be done.
   TURBOKV_CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -19,7 +19,7 @@
 //                        dense device cache (never quantized), attended as one KV head; the
 //                        latent output expanded per head; o GEMM
 //   x += post(out); x += post(mlp or moe (routed on the host by the CPU's moe_route, shared
-//   expert added)); [per-layer input branch]; [x *= layer_scalar]
+//   expert added, gated for qwen3_5_moe)); [per-layer input branch]; [x *= layer_scalar]
 // Attention and the recurrent kernels run one sequence at a time (synchronizing appends);
 // this executor is built for exactness, not yet for speed.
 #pragma once
