@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "eval/perplexity.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/hybrid_ops.h"
 #include "kernels/cuda/linear_attention.h"
 #include "kv/byte_io.h"
 #include "kv/cache_policy.h"
@@ -33,6 +34,7 @@
 #include "model/cuda/device_recurrent_state.h"
 #include "model/decoder.h"
 #include "model/linear_attention.h"
+#include "model/mla.h"
 #include "test_util.h"
 #include "tests/model/golden.h"
 
@@ -194,6 +196,62 @@ TEST_F(HybridKernels, ConvPrepareAndGatedNormMatchTheCpuSteps) {
     TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_LT(max_abs_diff(d_core.download(), core), 1e-5) << "gated norm";
   }
+}
+
+// The row ops of hybrid_ops.h against the obvious host loops (mla.h's deinterleave_pairs for the
+// pair order).
+TEST_F(HybridKernels, RowOpsMatchHostLoops) {
+  const int64_t T = 5;
+  const int heads = 3, hd = 4;
+  const std::vector<float> qg = random_normal(size_t(T) * heads * 2 * hd, 40);
+  DeviceBuffer<float> d_qg = DeviceBuffer<float>::upload(qg);
+  const int64_t q_ld = heads * hd + 7;
+  DeviceBuffer<float> d_q(size_t(T * q_ld)), d_gate(size_t(T) * heads * hd);
+  split_query_gate(d_qg.data(), T, heads, hd, d_q.data(), q_ld, d_gate.data(), nullptr);
+  TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> q = d_q.download(), gate = d_gate.download();
+  for (int64_t t = 0; t < T; ++t) {
+    for (int h = 0; h < heads; ++h) {
+      for (int e = 0; e < hd; ++e) {
+        const float* src = qg.data() + (t * heads + h) * 2 * hd;
+        ASSERT_EQ(q[size_t(t * q_ld + h * hd + e)], src[e]);
+        ASSERT_EQ(gate[size_t((t * heads + h) * hd + e)], src[hd + e]);
+      }
+    }
+  }
+  // copy_cols, then sigmoid_gate, add_sigmoid_gated_rows, scale, add_scale.
+  DeviceBuffer<float> d_dst(size_t(T) * 6);
+  copy_cols(d_qg.data() + 2, 2 * heads * hd, d_dst.data(), 6, T, 6, nullptr);
+  TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> dst = d_dst.download();
+  for (int64_t t = 0; t < T; ++t) {
+    for (int c = 0; c < 6; ++c) {
+      ASSERT_EQ(dst[size_t(t * 6 + c)], qg[size_t(t * 2 * heads * hd + 2 + c)]);
+    }
+  }
+  std::vector<float> x = random_normal(size_t(T) * 6, 41), y = random_normal(x.size(), 42),
+                     g = random_normal(x.size(), 43), row_gate = random_normal(size_t(T), 44);
+  DeviceBuffer<float> d_x = DeviceBuffer<float>::upload(x), d_y = DeviceBuffer<float>::upload(y),
+                      d_g = DeviceBuffer<float>::upload(g),
+                      d_rg = DeviceBuffer<float>::upload(row_gate);
+  sigmoid_gate(d_x.data(), d_g.data(), int64_t(x.size()), nullptr);
+  add_sigmoid_gated_rows(d_x.data(), d_y.data(), d_rg.data(), T, 6, nullptr);
+  scale(d_x.data(), int64_t(x.size()), 0.5f, nullptr);
+  add_scale(d_x.data(), d_y.data(), int64_t(x.size()), 3.0f, nullptr);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] *= 1.0f / (1.0f + std::exp(-g[i]));
+    x[i] += y[i] / (1.0f + std::exp(-row_gate[i / 6]));
+    x[i] = (x[i] * 0.5f + y[i]) * 3.0f;
+  }
+  TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_LT(max_abs_diff(d_x.download(), x), 1e-5);
+  // deinterleave_pairs on rows of stride 10 (8 rotary dims, 2 untouched).
+  std::vector<float> r = random_normal(size_t(T) * 10, 45);
+  DeviceBuffer<float> d_r = DeviceBuffer<float>::upload(r);
+  deinterleave_pairs(d_r.data(), T, 10, 8, nullptr);
+  for (int64_t t = 0; t < T; ++t) turbokv::deinterleave_pairs(r.data() + t * 10, 1, 8);
+  TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(d_r.download(), r);
 }
 
 // ------------------------------------------------------------------------ whole models
