@@ -184,7 +184,9 @@ void gated_delta_recurrent(const GatedDeltaRows& in, const GatedDeltaDims& s, fl
     throw InvalidArgument(str_cat("gated_delta_recurrent: ", s.key_heads, " key heads of ",
                                   s.k_dim, ", ", s.value_heads, " value heads of ", s.v_dim));
   }
-  const int threads = s.v_dim >= 128 ? 128 : (s.v_dim + 31) / 32 * 32;
+  // One warp per block and tile of 32 columns: the heads x tiles blocks spread over the SMs (a
+  // head's columns are independent), and the per-token barrier is a warp's.
+  const int threads = 32;
   const dim3 grid(unsigned(s.value_heads), unsigned((s.v_dim + threads - 1) / threads));
   const size_t smem = size_t(2) * s.k_dim * sizeof(float);
   switch (s.k_dim) {
