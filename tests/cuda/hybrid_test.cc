@@ -23,14 +23,17 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/safetensors.h"
 #include "eval/perplexity.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/hybrid_ops.h"
 #include "kernels/cuda/linear_attention.h"
 #include "kv/byte_io.h"
 #include "kv/cache_policy.h"
+#include "kv/dense_kv_cache.h"
 #include "kv/kv_resolve.h"
 #include "model/cuda/cuda_decoder.h"
+#include "model/cuda/device_latent_cache.h"
 #include "model/cuda/device_recurrent_state.h"
 #include "model/decoder.h"
 #include "model/linear_attention.h"
@@ -254,6 +257,39 @@ TEST_F(HybridKernels, RowOpsMatchHostLoops) {
   EXPECT_EQ(d_r.download(), r);
 }
 
+// The contiguous latent cache (MLA rows above 256 dims) against the CPU's dense cache holding the
+// same rows as keys and values: appends across sizes, prefill and decode queries.
+TEST_F(HybridKernels, WideLatentCacheAttendsAsTheCpuDenseCache) {
+  for (DenseElem elem : {DenseElem::kF32, DenseElem::kF16}) {
+    const int d = 576;
+    DenseKVCache cpu(1, d, elem == DenseElem::kF32 ? KVDType::kF32 : KVDType::kF16);
+    DeviceLatentCache gpu(d, elem, nullptr);
+    EXPECT_EQ(gpu.type_name(), cpu.type_name());
+    uint64_t seed = 50;
+    for (int n : {70, 1, 300, 1}) {
+      const std::vector<float> rows = random_normal(size_t(n) * d, seed++);
+      cpu.append(rows.data(), rows.data(), n);
+      gpu.append(rows.data(), rows.data(), n);
+      for (int n_q : {1, 5}) {
+        AttentionParams params;
+        params.n_heads = 8;
+        params.scale = 0.05f;
+        const std::vector<float> q = random_normal(size_t(n_q) * 8 * d, seed++);
+        std::vector<float> want(q.size()), got(q.size());
+        cpu.attend(q.data(), n_q, params, want.data());
+        gpu.attend(q.data(), n_q, params, got.data());
+        EXPECT_LT(testing::max_row_relative_error(got, want, d), 1e-4)
+            << "elem " << int(elem) << ", " << gpu.size() << " rows, " << n_q << " queries";
+      }
+    }
+    EXPECT_EQ(gpu.nbytes(), size_t(gpu.size()) * d * (elem == DenseElem::kF32 ? 4 : 2));
+    EXPECT_THROW(gpu.append(random_normal(size_t(d), 1).data(), random_normal(size_t(d), 2).data(), 1),
+                 InvalidArgument);
+    ByteWriter w;
+    EXPECT_THROW(gpu.save(w), Unsupported);
+  }
+}
+
 // ------------------------------------------------------------------------ whole models
 
 class HybridGolden : public CudaTest, public ::testing::WithParamInterface<const char*> {};
@@ -456,6 +492,97 @@ TEST_P(HybridGolden, PerplexityWithTurboQuantMatchesTheCpu) {
   // Dense layers at fp16 on both devices; the rest in fp32: close, not bitwise.
   EXPECT_NEAR(got.stats.dense_ppl(), want.stats.dense_ppl(), 1e-3 * want.stats.dense_ppl());
   EXPECT_NEAR(got.stats.ppl(), want.stats.ppl(), 1e-2 * want.stats.ppl());
+}
+
+// Writes tensors (fp32, row-major) as a safetensors file.
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, std::pair<std::vector<int64_t>,
+                                                                          std::vector<float>>>>& ts) {
+  nlohmann::json header = nlohmann::json::object();
+  size_t offset = 0;
+  for (const auto& [name, t] : ts) {
+    const size_t bytes = t.second.size() * sizeof(float);
+    header[name] = {{"dtype", "F32"}, {"shape", t.first}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  while (text.size() % 8 != 0) text += ' ';
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t n = text.size();
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out.write(text.data(), std::streamsize(text.size()));
+  for (const auto& [name, t] : ts) {
+    out.write(reinterpret_cast<const char*>(t.second.data()),
+              std::streamsize(t.second.size() * sizeof(float)));
+  }
+}
+
+// deepseek_v3 with a latent row of 272 dims (kv_lora_rank 240, qk_rope_head_dim 32: wider than
+// the paged caches, as every real MLA checkpoint's 576), the fixture's other weights and random
+// ones where the shapes change: GPU against CPU, prefill and decode, and batched.
+TEST_F(HybridKernels, WideLatentModelAgreesWithTheCpu) {
+  const std::string dir = fixture("hf-tiny/deepseek_v3");
+  std::ifstream in(dir + "/config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  const int r = 240, rope = 32, nope = config.at("qk_nope_head_dim").get<int>();
+  const int heads = config.at("num_attention_heads").get<int>();
+  const int vd = config.at("v_head_dim").get<int>(), H = config.at("hidden_size").get<int>();
+  const int q_lora = config.at("q_lora_rank").get<int>();
+  config["kv_lora_rank"] = r;
+  config["qk_rope_head_dim"] = rope;
+  config["qk_head_dim"] = nope + rope;
+  config["head_dim"] = rope;
+  const std::string tmp = ::testing::TempDir() + "/wide_latent";
+  std::filesystem::create_directories(tmp);
+  std::ofstream(tmp + "/config.json") << config.dump();
+  const SafetensorsFile src = SafetensorsFile::open(dir + "/model.safetensors");
+  std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>> ts;
+  uint64_t seed = 60;
+  for (const TensorView& t : src.tensors()) {
+    std::vector<int64_t> shape = t.shape;
+    const auto ends = [&](const char* s) { return t.name.ends_with(s); };
+    if (ends("kv_a_layernorm.weight")) shape = {r};
+    if (ends("kv_a_proj_with_mqa.weight")) shape = {r + rope, H};
+    if (ends("kv_b_proj.weight")) shape = {int64_t(heads) * (nope + vd), r};
+    if (ends("q_b_proj.weight")) shape = {int64_t(heads) * (nope + rope), q_lora};
+    if (shape == t.shape) {
+      ts.push_back({t.name, {shape, SafetensorsFile::to_f32(t)}});
+      continue;
+    }
+    int64_t count = 1;
+    for (int64_t v : shape) count *= v;
+    std::vector<float> w = random_normal(size_t(count), seed++, 0.1f);
+    if (ends("layernorm.weight")) {
+      for (float& v : w) v += 1.0f;
+    }
+    ts.push_back({t.name, {shape, w}});
+  }
+  write_safetensors(tmp + "/model.safetensors", ts);
+  std::unique_ptr<Model> cpu = Model::load(tmp);
+  auto gpu = load_gpu(tmp);
+  const int V = cpu->info().vocab_size;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 24; ++i) ids.push_back((i * 41 + 3) % V);
+  std::vector<float> want(ids.size() * size_t(V)), got(want.size());
+  LayerCaches cc = make_layer_caches(cpu->layer_specs(), ResolvedKV{}, KVDType::kF32);
+  LayerCaches gc = gpu->make_caches(ResolvedKV{}, DenseElem::kF32);
+  for (size_t l = 0; l < cc.size(); ++l) {
+    EXPECT_EQ(gc[l]->type_name(), cc[l]->type_name()) << "layer " << l;
+  }
+  Model::Chunk a{ids.data(), 18, &cc, want.data(), true};
+  Model::Chunk b{ids.data(), 18, &gc, got.data(), true};
+  cpu->forward({&a, 1});
+  gpu->forward({&b, 1});
+  for (int i = 18; i < 24; ++i) {
+    Model::Chunk sa{ids.data() + i, 1, &cc, want.data() + size_t(i) * V, true};
+    Model::Chunk sb{ids.data() + i, 1, &gc, got.data() + size_t(i) * V, true};
+    cpu->forward({&sa, 1});
+    gpu->forward({&sb, 1});
+  }
+  const double diff = max_abs_diff(got, want);
+  std::printf("  deepseek_v3, 272-dim latent rows: largest logit difference GPU vs CPU %.3g\n",
+              diff);
+  EXPECT_LT(diff, 1e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HybridGolden,

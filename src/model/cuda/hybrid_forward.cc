@@ -16,6 +16,7 @@
 #include "kernels/cuda/linear_attention.h"
 #include "kernels/cuda/model_ops.h"
 #include "kv/recurrent_state.h"
+#include "model/cuda/device_latent_cache.h"
 #include "model/cuda/device_recurrent_state.h"
 #include "model/rope_scaling.h"
 
@@ -198,10 +199,6 @@ std::string hybrid_unsupported_reason(const ModelConfig& c) {
     const LayerKind kind = c.layer_kind[size_t(l)];
     if (kind == LayerKind::kAttention && c.attention[size_t(l)].head_dim > 256) {
       return str_cat("attention heads of dim ", c.attention[size_t(l)].head_dim, " (above 256)");
-    }
-    if (kind == LayerKind::kMla && c.mla.latent_dim() > 256) {
-      return str_cat("MLA latent rows of ", c.mla.latent_dim(),
-                     " dims (the GPU's dense cache holds rows up to 256)");
     }
   }
   return "";
@@ -630,6 +627,12 @@ void HybridForward::Impl::mla_layer(int l, const std::vector<SequenceRows>& rows
   }
   float* att = buf(kAtt, T * heads * Ld);
   for (const SequenceRows& s : rows) {
+    if (auto* wide = dynamic_cast<DeviceLatentCache*>(s.cache)) {  // rows above 256 dims
+      wide->append_device(latent + s.row * Ld, s.count);
+      wide->attend_device(ql + s.row * heads * Ld, s.count, int(heads), c.attention_scale,
+                          att + s.row * heads * Ld);
+      continue;
+    }
     DeviceKVCache& cache = device_kv(s.cache, l);
     cache.append_device(latent + s.row * Ld, latent + s.row * Ld, s.count);
     attend(cache, ql + s.row * heads * Ld, s.count, int(heads), 0, att + s.row * heads * Ld);
@@ -897,6 +900,10 @@ LayerCaches HybridForward::make_caches(DeviceCacheContext& context,
       }
       caches.push_back(
           std::make_unique<SharedKVCache>(caches[size_t(p.shared_with)].get(), p.shared_with));
+    } else if (p.layer == LayerStateKind::kLatent && p.head_dim > 256) {
+      // Wider than the paged formats: one contiguous buffer of rows (device_latent_cache.h).
+      caches.push_back(
+          std::make_unique<DeviceLatentCache>(p.head_dim, dense_elem, context.stream()));
     } else {
       LayerCaches one = make_device_layer_caches(context, {p}, dense_elem, fused);
       caches.push_back(std::move(one.front()));

@@ -16,8 +16,9 @@
 //                        out_proj
 //     mla              : q (LoRA) and latent GEMMs, latent norm, RoPE of the shared key part,
 //                        queries absorbed per head; per sequence: the latent row appended to a
-//                        dense device cache (never quantized), attended as one KV head; the
-//                        latent output expanded per head; o GEMM
+//                        dense device cache (never quantized: a paged one up to 256 dims, a
+//                        DeviceLatentCache above), attended as one KV head; the latent output
+//                        expanded per head; o GEMM
 //   x += post(out); x += post(mlp or moe (routed on the host by the CPU's moe_route, shared
 //   expert added, gated for qwen3_5_moe)); [per-layer input branch]; [x *= layer_scalar]
 // Attention and the recurrent kernels run one sequence at a time (synchronizing appends);

@@ -1,0 +1,104 @@
+// DeviceLatentCache (device_latent_cache.h).
+#include "model/cuda/device_latent_cache.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/latent_attention.h"
+
+namespace turbokv::cuda {
+
+DeviceLatentCache::DeviceLatentCache(int dim, DenseElem elem, cudaStream_t stream)
+    : dim_(dim), dense_(elem), stream_(stream) {
+  if (dim < 1 || dim > 4096) {
+    throw InvalidArgument(str_cat("latent cache rows of ", dim, " dims (1..4096)"));
+  }
+  elem_ = elem == DenseElem::kF32 ? Elem::kF32 : elem == DenseElem::kF16 ? Elem::kF16 : Elem::kBF16;
+}
+
+std::string DeviceLatentCache::type_name() const {
+  return dense_ == DenseElem::kF32 ? "dense-f32" : dense_ == DenseElem::kF16 ? "dense-f16"
+                                                                             : "dense-bf16";
+}
+
+void DeviceLatentCache::append_device(const float* rows, int n) {
+  if (n < 0 || (n > 0 && rows == nullptr)) {
+    throw InvalidArgument(str_cat("latent cache: append of ", n, " rows without data"));
+  }
+  if (n == 0) return;
+  const size_t row_bytes = size_t(dim_) * elem_bytes(elem_);
+  const size_t need = size_t(size_ + n) * row_bytes;
+  if (need > rows_.size()) {
+    DeviceBuffer<uint8_t> grown(std::max(need, 2 * rows_.size()));
+    if (size_ > 0) {
+      TURBOKV_CUDA_CHECK(cudaMemcpyAsync(grown.data(), rows_.data(), size_t(size_) * row_bytes,
+                                         cudaMemcpyDeviceToDevice, stream_));
+    }
+    TURBOKV_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer goes now
+    rows_ = std::move(grown);
+  }
+  cast(rows, int64_t(n) * dim_, rows_.data() + size_t(size_) * row_bytes, elem_, stream_);
+  size_ += n;
+}
+
+void DeviceLatentCache::append(const float* k, const float* v, int n_tokens) {
+  check_append(k, v, n_tokens);
+  if (n_tokens == 0) return;
+  const size_t count = size_t(n_tokens) * size_t(dim_);
+  if (std::memcmp(k, v, count * sizeof(float)) != 0) {
+    throw InvalidArgument("latent cache: the values must be the latent rows themselves");
+  }
+  DeviceBuffer<float> d = DeviceBuffer<float>::upload(std::vector<float>(k, k + count));
+  append_device(d.data(), n_tokens);
+  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void DeviceLatentCache::trim(int64_t n) {
+  if (n < 0 || n > size_) {
+    throw InvalidArgument(str_cat("trim(", n, ") of a cache of ", size_, " tokens"));
+  }
+  size_ -= n;
+}
+
+void DeviceLatentCache::attend_device(const float* q, int n_q, int n_heads, float scale,
+                                      float* out) const {
+  if (n_q < 1 || n_q > size_) {
+    throw InvalidArgument(str_cat("latent cache: ", n_q, " queries over ", size_, " tokens"));
+  }
+  // Query groups small enough that their scores fit a bounded workspace (64 Mi floats).
+  constexpr int64_t kMaxWorkspace = int64_t(64) << 20;
+  const int group = int(std::clamp<int64_t>(kMaxWorkspace / (int64_t(n_heads) * size_), 1, n_q));
+  const int64_t floats = latent_attention_workspace_floats(group, n_heads, size_);
+  if (size_t(floats) > workspace_.size()) {
+    TURBOKV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    workspace_ = DeviceBuffer<float>(size_t(floats));
+  }
+  for (int i0 = 0; i0 < n_q; i0 += group) {
+    const int n = std::min(group, n_q - i0);
+    // The group's queries are the last n of a cache cut after its last query.
+    const int64_t len = size_ - (n_q - (i0 + n));
+    const size_t at = size_t(i0) * n_heads * dim_;
+    latent_attention(rows_.data(), elem_, len, dim_, q + at, n, n_heads, scale, workspace_.data(),
+                     out + at, stream_);
+  }
+}
+
+void DeviceLatentCache::attend(const float* q, int n_q, const AttentionParams& params,
+                               float* out) const {
+  check_attend(q, n_q, params, out);
+  if (params.logit_softcap != 0 || params.sliding_window != 0) {
+    throw InvalidArgument("latent cache: attention without soft-capping or a sliding window");
+  }
+  const size_t count = size_t(n_q) * params.n_heads * dim_;
+  DeviceBuffer<float> dq = DeviceBuffer<float>::upload(std::vector<float>(q, q + count));
+  DeviceBuffer<float> dout(count);
+  attend_device(dq.data(), n_q, params.n_heads, params.scale, dout.data());
+  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const std::vector<float> host = dout.download();
+  std::copy(host.begin(), host.end(), out);
+}
+
+}  // namespace turbokv::cuda
