@@ -4,6 +4,7 @@
 // reference, and the AVX2 integer kernel equals its scalar reference up to f32 rounding.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "core/half.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/qmatmul_avx2.h"
+#include "kernels/cpu/qmatmul_avx512.h"
 #include "tests/common/compare.h"
 #include "tests/common/random.h"
 #include "tests/common/random_weights.h"
@@ -171,6 +173,41 @@ TEST_P(QuantMatmul, Avx2IntegerKernelEqualsScalarReference) {
     qmatmul_rows_ref(xq, r.w, 0, rows, want.data());
     EXPECT_LE(relative_error(y, want), 1e-5f)
         << weight_format_name(GetParam().format) << " m=" << m;
+  }
+}
+
+// The AVX-512 VNNI kernels (two weight rows per pass, so odd row counts take the one-row
+// tail; up to 4 activation rows per pass, so 6 takes two passes) against the same reference.
+TEST_P(QuantMatmul, Avx512VnniIntegerKernelEqualsScalarReference) {
+  if (!avx512::qmatmul_vnni_available()) GTEST_SKIP() << "no AVX-512 VNNI (or forced off)";
+  const int64_t rows = 21, cols = 512;
+  for (int group : {32, 64, 128}) {
+    if (GetParam().format != WeightFormat::kAffine && group != 64) continue;
+    for (DType scale_dtype : {DType::BF16, DType::F16}) {
+      if (GetParam().format != WeightFormat::kAffine && scale_dtype != DType::BF16) continue;
+      const RandomWeight r =
+          random_weight(GetParam().format, GetParam().bits, rows, cols, 13, group, scale_dtype);
+      ASSERT_TRUE(avx512::qmatmul_supported(r.w));
+      for (int64_t m : {1, 2, 3, 4, 6}) {
+        const std::vector<float> x = testing::random_normal(size_t(m * cols), uint32_t(200 + m));
+        const ActivationBlocks xq =
+            quantize_activations(x.data(), m, cols, uses_nibble_order(r.w));
+        std::vector<float> y(size_t(m * rows)), want(y.size());
+        // A row range that starts and ends inside the matrix: rows outside stay untouched.
+        std::fill(y.begin(), y.end(), -7.0f);
+        avx512::qmatmul_rows(xq, r.w, 2, rows - 1, y.data());
+        qmatmul_rows_ref(xq, r.w, 0, rows, want.data());
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t n : {int64_t(0), int64_t(1), rows - 1}) {
+            EXPECT_EQ(y[size_t(i * rows + n)], -7.0f);
+            y[size_t(i * rows + n)] = want[size_t(i * rows + n)];
+          }
+        }
+        EXPECT_LE(relative_error(y, want), 1e-5f)
+            << weight_format_name(GetParam().format) << " group " << group << " "
+            << dtype_name(scale_dtype) << " m=" << m;
+      }
+    }
   }
 }
 

@@ -63,6 +63,10 @@ struct ActivationBlocks {
   std::vector<int8_t> q;    // [m, cols]
   std::vector<float> d;     // [m, cols / 32]
   std::vector<float> dsum;  // [m, cols / 32] d · Σ q of the block
+  // Per 4 consecutive stored values (one int32 lane of a dot-product instruction), for the
+  // AVX-512 VNNI kernels: Σ q of the 4 and the block's d.
+  std::vector<int32_t> sum4;  // [m, cols / 4]
+  std::vector<float> d4;      // [m, cols / 4]
 };
 // Whether w's integer kernel reads activations in nibble order (MLX 4-bit).
 bool uses_nibble_order(const WeightMatrix& w);

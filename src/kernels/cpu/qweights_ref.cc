@@ -277,6 +277,8 @@ ActivationBlocks quantize_activations(const float* x, int64_t m, int64_t cols, b
   a.q.resize(size_t(m * cols));
   a.d.resize(size_t(m * cols / 32));
   a.dsum.resize(a.d.size());
+  a.sum4.resize(size_t(m * cols / 4));
+  a.d4.resize(a.sum4.size());
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t b = 0; b < cols / 32; ++b) {
       const float* xb = x + i * cols + 32 * b;
@@ -290,6 +292,11 @@ ActivationBlocks quantize_activations(const float* x, int64_t m, int64_t cols, b
         const int q = int(std::nearbyint(xb[natural_index(j, nibble_order)] * inv));
         qb[j] = int8_t(std::clamp(q, -127, 127));
         sum += qb[j];
+      }
+      for (int l = 0; l < 8; ++l) {
+        const size_t at = size_t(i * cols / 4 + 8 * b + l);
+        a.sum4[at] = qb[4 * l] + qb[4 * l + 1] + qb[4 * l + 2] + qb[4 * l + 3];
+        a.d4[at] = d;
       }
       a.d[size_t(i * cols / 32 + b)] = d;
       a.dsum[size_t(i * cols / 32 + b)] = d * float(sum);
