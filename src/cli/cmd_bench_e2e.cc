@@ -159,6 +159,8 @@ int run_weights_comparison(const E2EBenchFlags& flags, const ResolvedKV& kv) {
                       {"prefill_tps", speeds[i].prefill_tps},
                       {"decode_tps", speeds[i].decode_tps},
                       {"decode_ratio", speeds[i].decode_tps / speeds[0].decode_tps},
+                      {"decode_tps_cpu", speeds[i].decode_tps_cpu},
+                      {"decode_cpu_ratio", speeds[i].decode_tps_cpu / speeds[0].decode_tps_cpu},
                       {"prefill_ratio", speeds[i].prefill_tps / speeds[0].prefill_tps},
                       {"weight_bytes_per_token", bytes},
                       {"weight_gbps", bytes * speeds[i].decode_tps / 1e9}});
@@ -175,14 +177,16 @@ int run_weights_comparison(const E2EBenchFlags& flags, const ResolvedKV& kv) {
   }
   std::printf("%d threads, KV %s, decode at depth %d, %d decoded tokens, medians of %d runs\n",
               flags.threads, scheme.c_str(), flags.prompt_tokens, flags.gen_tokens, flags.repeats);
-  std::printf("%-44s %12s %12s %8s %12s %10s\n", "model", "prefill t/s", "decode t/s", "ratio",
-              "weights MB/t", "GB/s");
+  std::printf("%-44s %12s %12s %8s %14s %8s %12s %10s\n", "model", "prefill t/s", "decode t/s",
+              "ratio", "decode t/cpu-s", "ratio", "weights MB/t", "GB/s");
   for (size_t i = 0; i < models.size(); ++i) {
     const double bytes = double(models[i]->decode_weight_bytes());
     std::string name = paths[i];
     if (name.size() > 44) name = "..." + name.substr(name.size() - 41);
-    std::printf("%-44s %12.1f %12.2f %7.2fx %12.1f %10.2f\n", name.c_str(), speeds[i].prefill_tps,
-                speeds[i].decode_tps, speeds[i].decode_tps / speeds[0].decode_tps, bytes / 1e6,
+    std::printf("%-44s %12.1f %12.2f %7.2fx %14.2f %7.2fx %12.1f %10.2f\n", name.c_str(),
+                speeds[i].prefill_tps, speeds[i].decode_tps,
+                speeds[i].decode_tps / speeds[0].decode_tps, speeds[i].decode_tps_cpu,
+                speeds[i].decode_tps_cpu / speeds[0].decode_tps_cpu, bytes / 1e6,
                 bytes * speeds[i].decode_tps / 1e9);
   }
   std::printf("measured read bandwidth (%d threads, 512 MiB buffer): %.2f GB/s\n", flags.threads,
