@@ -585,6 +585,69 @@ TEST_F(HybridKernels, WideLatentModelAgreesWithTheCpu) {
   EXPECT_LT(diff, 1e-4);
 }
 
+// qwen3_5 with the MoE variant's sparse MLP (fused expert tensors as transformers 5 writes
+// them, a gated shared expert), random expert weights over the fixture's others: GPU against
+// CPU (the CPU's MoE against transformers: the qwen3_5_moe_text fixture).
+TEST_F(HybridKernels, Qwen3_5MoeModelAgreesWithTheCpu) {
+  const std::string dir = fixture("hf-tiny/qwen3_5_text");
+  std::ifstream in(dir + "/config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  const int64_t H = config.at("hidden_size").get<int>(), E = 4, I = 32, S = 48;
+  config["model_type"] = "qwen3_5_moe_text";
+  config["num_experts"] = E;
+  config["num_experts_per_tok"] = 2;
+  config["moe_intermediate_size"] = I;
+  config["shared_expert_intermediate_size"] = S;
+  const std::string tmp = ::testing::TempDir() + "/qwen3_5_moe";
+  std::filesystem::create_directories(tmp);
+  std::ofstream(tmp + "/config.json") << config.dump();
+  const SafetensorsFile src = SafetensorsFile::open(dir + "/model.safetensors");
+  std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>> ts;
+  uint64_t seed = 70;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    int64_t count = 1;
+    for (int64_t v : shape) count *= v;
+    ts.push_back({name, {shape, random_normal(size_t(count), seed++, 0.1f)}});
+  };
+  for (const TensorView& t : src.tensors()) {
+    if (t.name.find(".mlp.") == std::string::npos) {
+      ts.push_back({t.name, {t.shape, SafetensorsFile::to_f32(t)}});
+    }
+  }
+  for (int l = 0; l < config.at("num_hidden_layers").get<int>(); ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".mlp.";
+    add(p + "gate.weight", {E, H});
+    add(p + "experts.gate_up_proj", {E, 2 * I, H});
+    add(p + "experts.down_proj", {E, H, I});
+    add(p + "shared_expert.gate_proj.weight", {S, H});
+    add(p + "shared_expert.up_proj.weight", {S, H});
+    add(p + "shared_expert.down_proj.weight", {H, S});
+    add(p + "shared_expert_gate.weight", {1, H});
+  }
+  write_safetensors(tmp + "/model.safetensors", ts);
+  std::unique_ptr<Model> cpu = Model::load(tmp);
+  auto gpu = load_gpu(tmp);
+  const int V = cpu->info().vocab_size;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 24; ++i) ids.push_back((i * 43 + 9) % V);
+  std::vector<float> want(ids.size() * size_t(V)), got(want.size());
+  LayerCaches cc = make_layer_caches(cpu->layer_specs(), ResolvedKV{}, KVDType::kF32);
+  LayerCaches gc = gpu->make_caches(ResolvedKV{}, DenseElem::kF32);
+  Model::Chunk a{ids.data(), 18, &cc, want.data(), true};
+  Model::Chunk b{ids.data(), 18, &gc, got.data(), true};
+  cpu->forward({&a, 1});
+  gpu->forward({&b, 1});
+  for (int i = 18; i < 24; ++i) {
+    Model::Chunk sa{ids.data() + i, 1, &cc, want.data() + size_t(i) * V, true};
+    Model::Chunk sb{ids.data() + i, 1, &gc, got.data() + size_t(i) * V, true};
+    cpu->forward({&sa, 1});
+    gpu->forward({&sb, 1});
+  }
+  const double diff = max_abs_diff(got, want);
+  std::printf("  qwen3_5_moe (random experts): largest logit difference GPU vs CPU %.3g\n", diff);
+  EXPECT_LT(diff, 1e-4);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, HybridGolden,
                          ::testing::Values("qwen3_5_text", "gemma4_text", "deepseek_v3"));
 
