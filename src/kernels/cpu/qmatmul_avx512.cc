@@ -111,51 +111,71 @@ inline void accumulate(const Rows& x, int64_t p, const Piece<R>& w, __m512 (&acc
   }
 }
 
+// The f16 scales d (the first 2 bytes of each block) of `count` <= 16 consecutive blocks of
+// BlockBytes from p, as floats (lanes past count are 0): one gather instead of a scalar load,
+// conversion and broadcast per block.
+template <int BlockBytes>
+inline __m512 block_scales16(const uint8_t* p, int count) {
+  const __m512i offsets = _mm512_mullo_epi32(
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+      _mm512_set1_epi32(BlockBytes));
+  const __m512i words = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(),
+                                                    __mmask16((1u << count) - 1), offsets, p, 1);
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
+}
+
+// The formats of 32-value blocks led by an f16 scale (Q8_0, Q4_0, Q5_0): pieces in chunks of up
+// to 8, the chunk's 16 scales gathered once and spread per piece by a permutation. unpack(b)
+// gives the 64 unsigned codes of the two blocks at b.
+template <int BlockBytes, int Shift, int R, int M, class Unpack>
+void rows_blocks32(const uint8_t* const (&row)[R], const Rows& x, __m512 (&acc)[R][M],
+                   Unpack unpack) {
+  // Lane k of piece c: block 2c (k < 8) or 2c + 1 of the chunk.
+  const __m512i half_sel = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const int64_t pieces = x.cols / 64;
+  Piece<R> w;
+  for (int64_t p0 = 0; p0 < pieces; p0 += 8) {
+    const int chunk = int(std::min<int64_t>(8, pieces - p0));
+    __m512 d[R];
+    for (int r = 0; r < R; ++r) {
+      d[r] = block_scales16<BlockBytes>(row[r] + 2 * BlockBytes * p0, 2 * chunk);
+    }
+    for (int c = 0; c < chunk; ++c) {
+      const __m512i idx = _mm512_add_epi32(half_sel, _mm512_set1_epi32(2 * c));
+      for (int r = 0; r < R; ++r) {
+        w.u[r] = unpack(row[r] + 2 * BlockBytes * (p0 + c));
+        w.scale[r] = _mm512_permutexvar_ps(idx, d[r]);
+      }
+      accumulate<R, M, Shift>(x, p0 + c, w, acc);
+    }
+  }
+}
+
 template <int R, int M>
 void rows_q8_0(const uint8_t* const (&row)[R], const Rows& x, __m512 (&acc)[R][M]) {
-  Piece<R> w;
-  for (int64_t p = 0; p < x.cols / 64; ++p) {
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* b = row[r] + 68 * p;
-      const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
-      const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 36));
-      const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-      w.u[r] = _mm512_xor_si512(v, _mm512_set1_epi8(char(0x80)));  // w + 128
-      w.scale[r] = pair(half_at(b), half_at(b + 34));
-    }
-    accumulate<R, M, 7>(x, p, w, acc);
-  }
+  rows_blocks32<34, 7>(row, x, acc, [](const uint8_t* b) {
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 36));
+    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    return _mm512_xor_si512(v, _mm512_set1_epi8(char(0x80)));  // w + 128
+  });
 }
 
 template <int R, int M>
 void rows_q4_0(const uint8_t* const (&row)[R], const Rows& x, __m512 (&acc)[R][M]) {
-  Piece<R> w;
-  for (int64_t p = 0; p < x.cols / 64; ++p) {
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* b = row[r] + 36 * p;
-      w.u[r] = nibbles_2x16(b + 2, b + 20);
-      w.scale[r] = pair(half_at(b), half_at(b + 18));
-    }
-    accumulate<R, M, 3>(x, p, w, acc);
-  }
+  rows_blocks32<18, 3>(row, x, acc, [](const uint8_t* b) { return nibbles_2x16(b + 2, b + 20); });
 }
 
 template <int R, int M>
 void rows_q5_0(const uint8_t* const (&row)[R], const Rows& x, __m512 (&acc)[R][M]) {
-  Piece<R> w;
-  for (int64_t p = 0; p < x.cols / 64; ++p) {
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* b = row[r] + 44 * p;
-      uint32_t h0, h1;
-      std::memcpy(&h0, b + 2, 4);
-      std::memcpy(&h1, b + 24, 4);
-      const __mmask64 high = _cvtu64_mask64(uint64_t(h0) | (uint64_t(h1) << 32));
-      const __m512i q = nibbles_2x16(b + 6, b + 28);
-      w.u[r] = _mm512_mask_add_epi8(q, high, q, _mm512_set1_epi8(0x10));
-      w.scale[r] = pair(half_at(b), half_at(b + 22));
-    }
-    accumulate<R, M, 4>(x, p, w, acc);
-  }
+  rows_blocks32<22, 4>(row, x, acc, [](const uint8_t* b) {
+    uint32_t h0, h1;
+    std::memcpy(&h0, b + 2, 4);
+    std::memcpy(&h1, b + 24, 4);
+    const __mmask64 high = _cvtu64_mask64(uint64_t(h0) | (uint64_t(h1) << 32));
+    const __m512i q = nibbles_2x16(b + 6, b + 28);
+    return _mm512_mask_add_epi8(q, high, q, _mm512_set1_epi8(0x10));
+  });
 }
 
 // The 8 sub-block scales and mins of a Q4_K super-block (6 bits each in 12 bytes) as int32s.
