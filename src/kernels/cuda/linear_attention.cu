@@ -1,5 +1,6 @@
 // Gated DeltaNet kernels (linear_attention.h). fp32 throughout, in the CPU steps' order of
-// operations (model/linear_attention.cc), so the two agree to rounding.
+// operations (model/linear_attention.cc) but for the delta rule's dot products, which sum in four
+// parts; the two agree to rounding.
 #include "kernels/cuda/linear_attention.h"
 
 #include "core/error.h"
@@ -112,11 +113,14 @@ __global__ void delta_kernel(GatedDeltaRows in, GatedDeltaDims s, float* state, 
     const float* k = qk + dk;
     float kv = 0;
     if constexpr (DK > 0) {
+      // Four partial sums: a dependency chain of DK / 4 multiply-adds instead of DK.
+      float part[4] = {0, 0, 0, 0};
 #pragma unroll
       for (int i = 0; i < DK; ++i) {
         col[i] *= decay;
-        kv += col[i] * k[i];
+        part[i % 4] += col[i] * k[i];
       }
+      kv = (part[0] + part[1]) + (part[2] + part[3]);
     } else {
       for (int i = 0; i < dk; ++i) {
         const float v = S[int64_t(i) * dv + j] * decay;
@@ -127,11 +131,13 @@ __global__ void delta_kernel(GatedDeltaRows in, GatedDeltaDims s, float* state, 
     kv = (in.v[t * in.v_stride + int64_t(h) * dv + j] - kv) * beta;
     float o = 0;
     if constexpr (DK > 0) {
+      float part[4] = {0, 0, 0, 0};
 #pragma unroll
       for (int i = 0; i < DK; ++i) {
         col[i] += k[i] * kv;
-        o += col[i] * q[i];
+        part[i % 4] += col[i] * q[i];
       }
+      o = (part[0] + part[1]) + (part[2] + part[3]);
     } else {
       for (int i = 0; i < dk; ++i) {
         const float v = S[int64_t(i) * dv + j] + k[i] * kv;

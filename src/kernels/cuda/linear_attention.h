@@ -7,7 +7,7 @@
 //                           gate inputs
 //   gated_delta_recurrent : the delta rule token by token on a sequence's state. Used for decode
 //                           and, token after token, for prefill too: it is exact (the CPU's
-//                           recurrent order of operations) but sequential in the tokens; each
+//                           recurrent form, fp32) but sequential in the tokens; each
 //                           thread owns one column of a head's [dk, dv] state, since the rule
 //                           updates the columns independently (a block per head and 32 columns)
 //   gated_rms_norm        : x = w * rmsnorm(x) * silu(z) per head
