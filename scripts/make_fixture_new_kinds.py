@@ -33,10 +33,8 @@ def tiny_gemma4_k_eq_v():
     config = transformers.Gemma4TextConfig(
         vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_k_eq_v=True,
-        # transformers >= 5.15 names the global layers' geometry per layer.
-        per_layer_config={"2": {"head_dim": 32, "num_key_value_heads": 1},
-                          "5": {"head_dim": 32, "num_key_value_heads": 1}},
-        layer_types=layer_types,
+        # The constructor turns these into per_layer_config for the full-attention layers.
+        global_head_dim=32, num_global_key_value_heads=1, layer_types=layer_types,
         sliding_window=8, num_kv_shared_layers=2, hidden_size_per_layer_input=16,
         vocab_size_per_layer_input=512, max_position_embeddings=256, initializer_range=0.1,
         rope_parameters={
