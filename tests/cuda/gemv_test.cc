@@ -98,6 +98,24 @@ TEST_F(CudaGemv, GemmRunTakesItForFewRows) {
   TURBOKV_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+// fp32 x rounded as it is read: the same bits as cast() then gemv.
+TEST_F(CudaGemv, Fp32InputEqualsCastThenGemv) {
+  for (Elem e : {Elem::kBF16, Elem::kF16}) {
+    const int64_t m = 2, n = 50, k = 4096;
+    const std::vector<float> x = testing::random_normal(size_t(m * k), 5, 2.0f);
+    const std::vector<uint16_t> w = narrow(testing::random_normal(size_t(n * k), 6, 0.05f), e);
+    auto d_x = DeviceBuffer<float>::upload(x);
+    auto d_w = DeviceBuffer<uint16_t>::upload(w);
+    DeviceBuffer<uint16_t> d_xn(size_t(m * k));
+    DeviceBuffer<float> y1(size_t(m * n)), y2(size_t(m * n));
+    gemv_f32_input(d_x.data(), d_w.data(), e, m, n, k, y1.data(), n, false, nullptr);
+    cast(d_x.data(), m * k, d_xn.data(), e, nullptr);
+    gemv(d_xn.data(), d_w.data(), e, m, n, k, y2.data(), n, false, nullptr);
+    TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(y1.download(), y2.download());
+  }
+}
+
 TEST(CudaGemvArgs, RejectsWhatItCannotTake) {
   alignas(16) static uint16_t buffer[64];
   EXPECT_FALSE(gemv_supported(buffer, buffer, Elem::kF32, 1, 8));

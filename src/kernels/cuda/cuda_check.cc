@@ -1,6 +1,11 @@
 // CUDA error reporting and device discovery.
 #include "kernels/cuda/cuda_check.h"
 
+#include <cstdlib>
+#include <string>
+
+#include "kernels/cuda/launch.h"
+
 namespace turbokv::cuda {
 
 void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
@@ -23,6 +28,14 @@ int sm_count() {
   int sms = 0;
   TURBOKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   return sms;
+}
+
+bool programmatic_launch_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("TURBOKV_PDL");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return enabled;
 }
 
 }  // namespace turbokv::cuda

@@ -27,6 +27,8 @@ class Gemm {
   void run(const void* x, const void* w, Elem elem, int64_t m, int64_t n, int64_t k, float* y,
            int64_t ldy, bool accumulate = false) const;
   cublasHandle_t handle() const { return handle_; }  // bound to the stream
+  // Whether run() takes small-m products to gemv (TURBOKV_GEMV unset or not "0").
+  bool uses_gemv() const { return use_gemv_; }
 
  private:
   cublasHandle_t handle_ = nullptr;

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.h"
 
 namespace turbokv::cuda {
 namespace {
@@ -35,6 +36,33 @@ __device__ __forceinline__ float2 widen2<__half>(uint32_t u) {
   return __half22float2(h);
 }
 
+// Two floats rounded to T (as cast() rounds them), packed low element first.
+template <typename T>
+__device__ __forceinline__ uint32_t narrow2(float a, float b);
+template <>
+__device__ __forceinline__ uint32_t narrow2<__nv_bfloat16>(float a, float b) {
+  return uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(a))) |
+         uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(b))) << 16;
+}
+template <>
+__device__ __forceinline__ uint32_t narrow2<__half>(float a, float b) {
+  return uint32_t(__half_as_ushort(__float2half_rn(a))) |
+         uint32_t(__half_as_ushort(__float2half_rn(b))) << 16;
+}
+
+// Chunk c (8 elements) of x as T: loaded as it is, or fp32 narrowed on the fly.
+template <typename T, bool kF32Input>
+__device__ __forceinline__ uint4 x_chunk(const void* x, int64_t c) {
+  if constexpr (kF32Input) {
+    const float4* p = static_cast<const float4*>(x) + 2 * c;
+    const float4 a = __ldg(p), b = __ldg(p + 1);
+    return make_uint4(narrow2<T>(a.x, a.y), narrow2<T>(a.z, a.w), narrow2<T>(b.x, b.y),
+                      narrow2<T>(b.z, b.w));
+  } else {
+    return __ldg(static_cast<const uint4*>(x) + c);
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc) {
   const uint32_t ws[4] = {w.x, w.y, w.z, w.w}, xs[4] = {x.x, x.y, x.z, x.w};
@@ -47,16 +75,18 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc)
   return acc;
 }
 
-template <typename T, int M>
+// Launched with PDL (launch.h): waits for the previous kernel first, releases the next one
+// after its loop.
+template <typename T, int M, bool kF32Input>
 __global__ void __launch_bounds__(kWarps * 32)
-    gemv_kernel(const T* __restrict__ x, const T* __restrict__ w, int64_t n, int64_t k,
+    gemv_kernel(const void* __restrict__ x, const T* __restrict__ w, int64_t n, int64_t k,
                 float* __restrict__ y, int64_t ldy, int accumulate) {
+  pdl_wait();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kWarps + warp;
   if (row >= n) return;
   const int64_t chunks = k / 8;
   const uint4* wr = reinterpret_cast<const uint4*>(w + row * k);
-  const uint4* xr = reinterpret_cast<const uint4*>(x);
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0;
@@ -68,14 +98,17 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
-      for (int m = 0; m < M; ++m) acc[m] = dot8<T>(wv[u], __ldg(xr + m * chunks + c + 32 * u), acc[m]);
+      for (int m = 0; m < M; ++m) {
+        acc[m] = dot8<T>(wv[u], x_chunk<T, kF32Input>(x, m * chunks + c + 32 * u), acc[m]);
+      }
     }
   }
   for (; c < chunks; c += 32) {
     const uint4 wv = load_stream(wr + c);
 #pragma unroll
-    for (int m = 0; m < M; ++m) acc[m] = dot8<T>(wv, __ldg(xr + m * chunks + c), acc[m]);
+    for (int m = 0; m < M; ++m) acc[m] = dot8<T>(wv, x_chunk<T, kF32Input>(x, m * chunks + c), acc[m]);
   }
+  pdl_release();
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     float s = acc[m];
@@ -91,17 +124,17 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-template <typename T>
+template <typename T, bool kF32Input>
 void launch(const void* x, const void* w, int64_t m, int64_t n, int64_t k, float* y, int64_t ldy,
             bool accumulate, cudaStream_t stream) {
-  const unsigned blocks = unsigned((n + kWarps - 1) / kWarps);
-  const T* xt = static_cast<const T*>(x);
+  const dim3 blocks(unsigned((n + kWarps - 1) / kWarps));
   const T* wt = static_cast<const T*>(w);
   const int acc = accumulate ? 1 : 0;
   switch (m) {
-#define TURBOKV_GEMV_CASE(M)                                                             \
-  case M:                                                                                \
-    gemv_kernel<T, M><<<blocks, kWarps * 32, 0, stream>>>(xt, wt, n, k, y, ldy, acc);   \
+#define TURBOKV_GEMV_CASE(M)                                                                 \
+  case M:                                                                                    \
+    launch_pdl(gemv_kernel<T, M, kF32Input>, blocks, dim3(kWarps * 32), 0, stream, x, wt, n, \
+               k, y, ldy, acc);                                                              \
     break;
     TURBOKV_GEMV_CASE(1)
     TURBOKV_GEMV_CASE(2)
@@ -113,7 +146,6 @@ void launch(const void* x, const void* w, int64_t m, int64_t n, int64_t k, float
     TURBOKV_GEMV_CASE(8)
 #undef TURBOKV_GEMV_CASE
   }
-  TURBOKV_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -124,8 +156,10 @@ bool gemv_supported(const void* x, const void* w, Elem elem, int64_t m, int64_t 
          reinterpret_cast<uintptr_t>(w) % 16 == 0;
 }
 
-void gemv(const void* x, const void* w, Elem elem, int64_t m, int64_t n, int64_t k, float* y,
-          int64_t ldy, bool accumulate, cudaStream_t stream) {
+namespace {
+
+void run(const void* x, bool f32_input, const void* w, Elem elem, int64_t m, int64_t n,
+         int64_t k, float* y, int64_t ldy, bool accumulate, cudaStream_t stream) {
   if (n == 0) return;
   if (!gemv_supported(x, w, elem, m, k) || n < 0 || ldy < n || n > (int64_t(1) << 36)) {
     throw InvalidArgument(str_cat("gemv: m ", m, ", n ", n, ", k ", k, ", ldy ", ldy,
@@ -133,10 +167,28 @@ void gemv(const void* x, const void* w, Elem elem, int64_t m, int64_t n, int64_t
                                   ", k a multiple of 8 and 16-B aligned operands"));
   }
   if (elem == Elem::kBF16) {
-    launch<__nv_bfloat16>(x, w, m, n, k, y, ldy, accumulate, stream);
+    if (f32_input) {
+      launch<__nv_bfloat16, true>(x, w, m, n, k, y, ldy, accumulate, stream);
+    } else {
+      launch<__nv_bfloat16, false>(x, w, m, n, k, y, ldy, accumulate, stream);
+    }
+  } else if (f32_input) {
+    launch<__half, true>(x, w, m, n, k, y, ldy, accumulate, stream);
   } else {
-    launch<__half>(x, w, m, n, k, y, ldy, accumulate, stream);
+    launch<__half, false>(x, w, m, n, k, y, ldy, accumulate, stream);
   }
+}
+
+}  // namespace
+
+void gemv(const void* x, const void* w, Elem elem, int64_t m, int64_t n, int64_t k, float* y,
+          int64_t ldy, bool accumulate, cudaStream_t stream) {
+  run(x, false, w, elem, m, n, k, y, ldy, accumulate, stream);
+}
+
+void gemv_f32_input(const float* x, const void* w, Elem elem, int64_t m, int64_t n, int64_t k,
+                    float* y, int64_t ldy, bool accumulate, cudaStream_t stream) {
+  run(x, true, w, elem, m, n, k, y, ldy, accumulate, stream);
 }
 
 }  // namespace turbokv::cuda

@@ -5,7 +5,8 @@
 //
 // One warp per output row: each lane reads 16-B chunks of the row (8 elements), four in
 // flight, multiplies them with the same chunk of every x row (read through L1) and the warp
-// sums its lanes. The sum order differs from cuBLAS's (both fp32).
+// sums its lanes. The sum order differs from cuBLAS's (both fp32). Launched with PDL
+// (launch.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,5 +27,10 @@ bool gemv_supported(const void* x, const void* w, Elem elem, int64_t m, int64_t 
 // InvalidArgument for a problem gemv_supported rejects.
 void gemv(const void* x, const void* w, Elem elem, int64_t m, int64_t n, int64_t k, float* y,
           int64_t ldy, bool accumulate, cudaStream_t stream);
+
+// gemv of fp32 x, each element rounded to elem as it is read: the same result as cast() to elem
+// followed by gemv, without the cast kernel. x 16-B aligned.
+void gemv_f32_input(const float* x, const void* w, Elem elem, int64_t m, int64_t n, int64_t k,
+                    float* y, int64_t ldy, bool accumulate, cudaStream_t stream);
 
 }  // namespace turbokv::cuda

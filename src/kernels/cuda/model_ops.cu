@@ -1,15 +1,21 @@
 // Model kernels (model_ops.h). Plain shapes: one block per row where a row needs a reduction
 // (RMSNorm sums in double as the CPU reference does), grid-stride loops elsewhere. They are a
-// small part of a step; the GEMMs and attention dominate.
+// small part of a step; the GEMMs and attention dominate. The kernels of a decode step launch
+// with PDL (launch.h): each starts with pdl_wait() and, being small, releases its successor at
+// once.
 #include "kernels/cuda/model_ops.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cfloat>
+#include <cstdint>
+#include <initializer_list>
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.h"
 
 namespace turbokv::cuda {
 
@@ -41,6 +47,50 @@ __device__ __forceinline__ void store_elem(void* p, Elem e, int64_t i, float x) 
   }
 }
 
+// Row kernels of rows that fit the vector path (dim % 4 == 0, dim <= kRowThreads * 4 *
+// kRowVecs, 16-B aligned rows): one block of kRowThreads per row, each thread holding its
+// float4s in registers between the sum and the scaling, so a row costs one round trip to memory
+// (a decode step's rows are single rows: latency, not bandwidth, is their cost).
+constexpr int kRowThreads = 1024;
+constexpr int kRowVecs = 4;
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool vector_rows(int64_t dim, std::initializer_list<const void*> pointers) {
+  if (dim % 4 != 0 || dim > int64_t(kRowThreads) * 4 * kRowVecs) return false;
+  for (const void* p : pointers) {
+    if (p != nullptr && !aligned16(p)) return false;
+  }
+  return true;
+}
+
+__device__ __forceinline__ float4 add4(float4 a, float4 b) {
+  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+
+// Elements 4i .. 4i + 3 of out (narrowed like store_elem).
+__device__ __forceinline__ void store4(void* p, Elem e, int64_t i, float4 v) {
+  switch (e) {
+    case Elem::kF32: static_cast<float4*>(p)[i] = v; break;
+    case Elem::kF16: {
+      const __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
+      uint2 u;
+      memcpy(&u.x, &a, 4);
+      memcpy(&u.y, &b, 4);
+      static_cast<uint2*>(p)[i] = u;
+      break;
+    }
+    case Elem::kBF16: {
+      const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y);
+      const __nv_bfloat162 b = __floats2bfloat162_rn(v.z, v.w);
+      uint2 u;
+      memcpy(&u.x, &a, 4);
+      memcpy(&u.y, &b, 4);
+      static_cast<uint2*>(p)[i] = u;
+      break;
+    }
+  }
+}
+
 // Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
 template <typename T>
 __device__ T block_sum(T v) {
@@ -55,17 +105,23 @@ __device__ T block_sum(T v) {
   return total;
 }
 
+// Row blockIdx.y, columns split over blockIdx.x (one element per thread for a decode step).
 __global__ void embed_kernel(const void* table, Elem elem, int64_t cols, const int32_t* ids,
                              float scale, float* out) {
-  const int64_t row = blockIdx.x;
+  pdl_wait();
+  pdl_release();
+  const int64_t row = blockIdx.y;
   const int64_t src = int64_t(ids[row]) * cols;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+  for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < cols;
+       c += int64_t(gridDim.x) * blockDim.x) {
     out[row * cols + c] = scale * load_elem(table, elem, src + c);
   }
 }
 
 __global__ void rms_norm_kernel(const float* x, int64_t dim, const float* w, float eps, void* out,
                                 Elem out_elem) {
+  pdl_wait();
+  pdl_release();
   const int64_t row = blockIdx.x;
   const float* xr = x + row * dim;
   double s = 0;
@@ -77,9 +133,74 @@ __global__ void rms_norm_kernel(const float* x, int64_t dim, const float* w, flo
   }
 }
 
+// rms_norm_kernel on the vector path (the same double sum of the squares, in another order).
+// residual: x += y + bias first (the new x is normed). y nullptr: plain RMSNorm.
+__global__ void __launch_bounds__(kRowThreads)
+    row_norm_vec_kernel(float* x, const float* y, const float* bias, int64_t dim, const float* w,
+                        float eps, void* out, Elem out_elem) {
+  pdl_wait();
+  pdl_release();
+  const int64_t row = blockIdx.x;
+  const int64_t n4 = dim / 4;
+  float4* xr = reinterpret_cast<float4*>(x + row * dim);
+  const float4* yr = y != nullptr ? reinterpret_cast<const float4*>(y + row * dim) : nullptr;
+  float4 v[kRowVecs];
+  double s = 0;
+#pragma unroll
+  for (int j = 0; j < kRowVecs; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
+    if (i >= n4) break;
+    v[j] = xr[i];
+    if (yr != nullptr) {
+      const float4 t = bias != nullptr ? add4(yr[i], reinterpret_cast<const float4*>(bias)[i])
+                                       : yr[i];
+      v[j] = add4(v[j], t);
+      xr[i] = v[j];
+    }
+    s += double(v[j].x) * v[j].x;
+    s += double(v[j].y) * v[j].y;
+    s += double(v[j].z) * v[j].z;
+    s += double(v[j].w) * v[j].w;
+  }
+  s = block_sum(s);
+  const float inv = float(1.0 / sqrt(s / double(dim) + double(eps)));
+#pragma unroll
+  for (int j = 0; j < kRowVecs; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
+    if (i >= n4) break;
+    const float4 wv = reinterpret_cast<const float4*>(w)[i];
+    store4(out, out_elem, row * n4 + i,
+           make_float4((v[j].x * inv) * wv.x, (v[j].y * inv) * wv.y, (v[j].z * inv) * wv.z,
+                       (v[j].w * inv) * wv.w));
+  }
+}
+
+// x[r, :] += y[r, :] + bias as float4s over the grid (residual_kernel without post norm).
+__global__ void residual_vec_kernel(float4* x, const float4* y, int64_t n4, int64_t dim4,
+                                    const float4* bias) {
+  pdl_wait();
+  pdl_release();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    x[i] = add4(x[i], bias != nullptr ? add4(y[i], bias[i % dim4]) : y[i]);
+  }
+}
+
+// out[r, :] = x[rows[r], :] or scale * table[ids[r], :] as float4s (grid: row chunks, rows).
+__global__ void gather_vec_kernel(const float* x, int64_t dim, const int32_t* rows, float* out) {
+  pdl_wait();
+  pdl_release();
+  const int64_t r = blockIdx.y, i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= dim / 4) return;
+  reinterpret_cast<float4*>(out + r * dim)[i] =
+      reinterpret_cast<const float4*>(x + int64_t(rows[r]) * dim)[i];
+}
+
 // One block per (token, head slot): slots [0, heads) are q heads, then kv_heads k heads, then
 // kv_heads v heads.
 __global__ void qkv_post_kernel(const QkvPostProblem p) {
+  pdl_wait();
+  pdl_release();
   extern __shared__ float h[];  // [head_dim]
   const int64_t t = blockIdx.x;
   const int slot = blockIdx.y;
@@ -135,6 +256,8 @@ __global__ void qkv_post_kernel(const QkvPostProblem p) {
 __global__ void gated_kernel(const float* gate_up, int64_t rows, int64_t inter,
                              const float* gate_bias, const float* up_bias, Activation act,
                              void* out, Elem out_elem) {
+  pdl_wait();
+  pdl_release();
   constexpr float kSqrt2OverPi = 0.7978845608028654f;
   const int64_t n = rows * inter;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -151,6 +274,8 @@ __global__ void gated_kernel(const float* gate_up, int64_t rows, int64_t inter,
 
 __global__ void residual_kernel(float* x, const float* y, int64_t dim, const float* bias,
                                 const float* post_norm, float eps) {
+  pdl_wait();
+  pdl_release();
   const int64_t row = blockIdx.x;
   const float* yr = y + row * dim;
   float* xr = x + row * dim;
@@ -170,7 +295,31 @@ __global__ void residual_kernel(float* x, const float* y, int64_t dim, const flo
   }
 }
 
+// x[r] += y[r] + bias, then out[r] = rms_norm(x[r]) * w: residual_kernel (no post norm) and
+// rms_norm_kernel in one pass, with their operation order (the same bits).
+__global__ void residual_norm_kernel(float* x, const float* y, int64_t dim, const float* bias,
+                                     const float* w, float eps, void* out, Elem out_elem) {
+  pdl_wait();
+  pdl_release();
+  const int64_t row = blockIdx.x;
+  const float* yr = y + row * dim;
+  float* xr = x + row * dim;
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = xr[i] + (yr[i] + (bias != nullptr ? bias[i] : 0.0f));
+    xr[i] = v;
+    s += double(v) * v;
+  }
+  s = block_sum(s);
+  const float inv = float(1.0 / sqrt(s / double(dim) + double(eps)));
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    store_elem(out, out_elem, row * dim + i, (xr[i] * inv) * w[i]);
+  }
+}
+
 __global__ void cast_kernel(const float* x, int64_t n, void* out, Elem elem) {
+  pdl_wait();
+  pdl_release();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     store_elem(out, elem, i, x[i]);
@@ -178,6 +327,8 @@ __global__ void cast_kernel(const float* x, int64_t n, void* out, Elem elem) {
 }
 
 __global__ void softcap_kernel(float* x, int64_t n, float cap) {
+  pdl_wait();
+  pdl_release();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     x[i] = cap * tanhf(x[i] / cap);
@@ -185,6 +336,8 @@ __global__ void softcap_kernel(float* x, int64_t n, float cap) {
 }
 
 __global__ void gather_kernel(const float* x, int64_t dim, const int32_t* rows, float* out) {
+  pdl_wait();
+  pdl_release();
   const int64_t i = blockIdx.x;
   const float* src = x + int64_t(rows[i]) * dim;
   for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) out[i * dim + c] = src[c];
@@ -217,6 +370,8 @@ __device__ void block_argmax(float& v, int& i) {
 }
 
 __global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* out) {
+  pdl_wait();
+  pdl_release();
   const int64_t row = blockIdx.x;
   const float* l = logits + row * vocab;
   float v = NAN;
@@ -312,7 +467,10 @@ void embed_rows(const void* table, Elem elem, int64_t cols, const int32_t* ids, 
                 float scale, float* out, cudaStream_t stream) {
   check_rows(n, "embed_rows");
   if (n == 0) return;
-  embed_kernel<<<unsigned(n), kThreads, 0, stream>>>(table, elem, cols, ids, scale, out);
+  if (n > 65535) throw InvalidArgument(str_cat("embed_rows: ", n, " rows, at most 65535"));
+  const int64_t col_blocks = std::min<int64_t>((cols + kThreads - 1) / kThreads, 64);
+  launch_pdl(embed_kernel, dim3(unsigned(std::max<int64_t>(col_blocks, 1)), unsigned(n)),
+             dim3(kThreads), 0, stream, table, elem, cols, ids, scale, out);
   TURBOKV_CUDA_CHECK_LAUNCH();
 }
 
@@ -320,7 +478,14 @@ void rms_norm(const float* x, int64_t rows, int64_t dim, const float* weight, fl
               Elem out_elem, cudaStream_t stream) {
   check_rows(rows, "rms_norm");
   if (rows == 0) return;
-  rms_norm_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, dim, weight, eps, out, out_elem);
+  if (vector_rows(dim, {x, weight, out}) && x != out) {
+    launch_pdl(row_norm_vec_kernel, dim3(unsigned(rows)), dim3(kRowThreads), 0, stream,
+               const_cast<float*>(x), static_cast<const float*>(nullptr),
+               static_cast<const float*>(nullptr), dim, weight, eps, out, out_elem);
+    return;
+  }
+  launch_pdl(rms_norm_kernel, dim3(unsigned(rows)), dim3(kThreads), 0, stream, x, dim, weight, eps,
+             out, out_elem);
   TURBOKV_CUDA_CHECK_LAUNCH();
 }
 
@@ -332,7 +497,7 @@ void qkv_post(const QkvPostProblem& p, cudaStream_t stream) {
                                   p.rotary_dim, ": need an even rotary_dim <= head_dim <= 1024"));
   }
   const dim3 grid(unsigned(p.tokens), unsigned(p.heads + 2 * p.kv_heads));
-  qkv_post_kernel<<<grid, 128, size_t(p.head_dim) * sizeof(float), stream>>>(p);
+  launch_pdl(qkv_post_kernel, grid, dim3(128), size_t(p.head_dim) * sizeof(float), stream, p);
   TURBOKV_CUDA_CHECK_LAUNCH();
 }
 
@@ -340,8 +505,8 @@ void gated_activation(const float* gate_up, int64_t rows, int64_t inter, const f
                       const float* up_bias, Activation act, void* out, Elem out_elem,
                       cudaStream_t stream) {
   if (rows * inter == 0) return;
-  gated_kernel<<<grid_for(rows * inter), kThreads, 0, stream>>>(gate_up, rows, inter, gate_bias,
-                                                                up_bias, act, out, out_elem);
+  launch_pdl(gated_kernel, dim3(grid_for(rows * inter)), dim3(kThreads), 0, stream, gate_up, rows,
+             inter, gate_bias, up_bias, act, out, out_elem);
   TURBOKV_CUDA_CHECK_LAUNCH();
 }
 
@@ -349,19 +514,40 @@ void residual_add(float* x, const float* y, int64_t rows, int64_t dim, const flo
                   const float* post_norm, float eps, cudaStream_t stream) {
   check_rows(rows, "residual_add");
   if (rows == 0) return;
-  residual_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, y, dim, bias, post_norm, eps);
-  TURBOKV_CUDA_CHECK_LAUNCH();
+  if (post_norm == nullptr && vector_rows(dim, {x, y, bias})) {
+    const int64_t n4 = rows * dim / 4;
+    launch_pdl(residual_vec_kernel, dim3(grid_for(n4)), dim3(kThreads), 0, stream,
+               reinterpret_cast<float4*>(x), reinterpret_cast<const float4*>(y), n4, dim / 4,
+               reinterpret_cast<const float4*>(bias));
+    return;
+  }
+  launch_pdl(residual_kernel, dim3(unsigned(rows)), dim3(kThreads), 0, stream, x, y, dim, bias,
+             post_norm, eps);
+}
+
+void residual_add_norm(float* x, const float* y, int64_t rows, int64_t dim, const float* bias,
+                       const float* weight, float eps, void* out, Elem out_elem,
+                       cudaStream_t stream) {
+  check_rows(rows, "residual_add_norm");
+  if (rows == 0) return;
+  if (vector_rows(dim, {x, y, bias, weight, out})) {
+    launch_pdl(row_norm_vec_kernel, dim3(unsigned(rows)), dim3(kRowThreads), 0, stream, x, y,
+               bias, dim, weight, eps, out, out_elem);
+    return;
+  }
+  launch_pdl(residual_norm_kernel, dim3(unsigned(rows)), dim3(kThreads), 0, stream, x, y, dim,
+             bias, weight, eps, out, out_elem);
 }
 
 void cast(const float* x, int64_t n, void* out, Elem elem, cudaStream_t stream) {
   if (n == 0) return;
-  cast_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, out, elem);
+  launch_pdl(cast_kernel, dim3(grid_for(n)), dim3(kThreads), 0, stream, x, n, out, elem);
   TURBOKV_CUDA_CHECK_LAUNCH();
 }
 
 void softcap(float* x, int64_t n, float cap, cudaStream_t stream) {
   if (n == 0) return;
-  softcap_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n, cap);
+  launch_pdl(softcap_kernel, dim3(grid_for(n)), dim3(kThreads), 0, stream, x, n, cap);
   TURBOKV_CUDA_CHECK_LAUNCH();
 }
 
@@ -369,7 +555,12 @@ void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, fl
                  cudaStream_t stream) {
   check_rows(n, "gather_rows");
   if (n == 0) return;
-  gather_kernel<<<unsigned(n), kThreads, 0, stream>>>(x, dim, rows, out);
+  if (vector_rows(dim, {x, out}) && n <= 65535) {
+    const dim3 grid(unsigned((dim / 4 + kThreads - 1) / kThreads), unsigned(n));
+    launch_pdl(gather_vec_kernel, grid, dim3(kThreads), 0, stream, x, dim, rows, out);
+    return;
+  }
+  launch_pdl(gather_kernel, dim3(unsigned(n)), dim3(kThreads), 0, stream, x, dim, rows, out);
   TURBOKV_CUDA_CHECK_LAUNCH();
 }
 
@@ -377,7 +568,7 @@ void argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* out,
                  cudaStream_t stream) {
   check_rows(rows, "argmax_rows");
   if (rows == 0) return;
-  argmax_kernel<<<unsigned(rows), 1024, 0, stream>>>(logits, vocab, out);
+  launch_pdl(argmax_kernel, dim3(unsigned(rows)), dim3(1024), 0, stream, logits, vocab, out);
   TURBOKV_CUDA_CHECK_LAUNCH();
 }
 

@@ -62,6 +62,13 @@ void gated_activation(const float* gate_up, int64_t rows, int64_t inter, const f
 void residual_add(float* x, const float* y, int64_t rows, int64_t dim, const float* bias,
                   const float* post_norm, float eps, cudaStream_t stream);
 
+// residual_add without post norm followed by rms_norm of the new x, in one kernel with the
+// same results: x[r, :] += y[r, :] + bias; out[r, :] = rms_norm(x[r, :]) * weight narrowed to
+// out_elem.
+void residual_add_norm(float* x, const float* y, int64_t rows, int64_t dim, const float* bias,
+                       const float* weight, float eps, void* out, Elem out_elem,
+                       cudaStream_t stream);
+
 // out = x narrowed to elem (a copy when elem is kF32).
 void cast(const float* x, int64_t n, void* out, Elem elem, cudaStream_t stream);
 

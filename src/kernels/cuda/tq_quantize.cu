@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "kernels/cuda/codec_ops.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/tq_layout.h"
 #include "kernels/cuda/tq_quantize.h"
 
@@ -25,6 +26,8 @@ __device__ float sum_squares(const float (&v)[4], float* scratch, int lane) {
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     tq_quantize_kernel(const TQKernelCodec codec, const TQQuantizeProblem p) {
+  pdl_wait();  // launched with PDL (launch.h)
+  pdl_release();
   __shared__ float scratch[kWarpsPerBlock][L::kHeadDim];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t vec = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
@@ -169,8 +172,8 @@ void tq_quantize(const TQKernelCodec& codec, const TQQuantizeProblem& problem,
   }
   const int64_t vectors = int64_t(problem.rows) * problem.kv_heads * 2;
   const int64_t blocks = (vectors + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  tq_quantize_kernel<<<unsigned(blocks), kWarpsPerBlock * 32, 0, stream>>>(codec, problem);
-  TURBOKV_CUDA_CHECK_LAUNCH();
+  launch_pdl(tq_quantize_kernel, dim3(unsigned(blocks)), dim3(kWarpsPerBlock * 32), 0, stream,
+             codec, problem);
 }
 
 }  // namespace turbokv::cuda

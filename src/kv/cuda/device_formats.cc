@@ -9,6 +9,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/tq_codec.h"
 #include "kernels/cuda/tq_layout.h"
 #include "kernels/cuda/tq_quantize.h"
@@ -44,6 +45,7 @@ AttentionProblem fused_problem(const PagedBatch& batch, const QueryRows& q,
   p.kv_heads = kv_heads;
   p.max_len = batch.max_len;
   p.scale = o.scale;
+  p.programmatic_launch = programmatic_launch_enabled();  // kernels/cuda/launch.h
   return p;
 }
 

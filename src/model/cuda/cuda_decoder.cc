@@ -5,12 +5,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/qmatmul.h"
 #include "model/cuda/hybrid_forward.h"
@@ -376,6 +378,11 @@ struct CudaDecoderModel::Impl {
               int64_t ldy);
   // RMSNorm of x [T, H] for the input of w: {fp32 rows, rows narrowed to w.elem} (one of them
   // null), written to norm32 or narrow.
+  // x += y + bias, then norm_for(w, x, ..., weight) in one kernel (no post norm).
+  std::pair<const float*, const void*> residual_norm_for(const DeviceMatrix& w, float* x,
+                                                         const float* y, int64_t T, int64_t H,
+                                                         const float* bias, const float* weight,
+                                                         float eps);
   std::pair<const float*, const void*> norm_for(const DeviceMatrix& w, const float* x, int64_t T,
                                                 int64_t H, const float* weight, float eps);
 
@@ -766,12 +773,26 @@ void CudaDecoderModel::Impl::linear(const DeviceMatrix& w, const float* x32, con
   if (xn == nullptr) {
     if (w.elem == Elem::kF32) {
       xn = x32;
+    } else if (gemm->uses_gemv() && gemv_supported(x32, w.ptr(), w.elem, m, w.cols)) {
+      gemv_f32_input(x32, w.ptr(), w.elem, m, w.rows, w.cols, y, ldy, false, stream);  // no cast
+      return;
     } else {
       cast(x32, m * w.cols, narrow.data(), w.elem, stream);
       xn = narrow.data();
     }
   }
   gemm->run(xn, w.ptr(), w.elem, m, w.rows, w.cols, y, ldy);
+}
+
+std::pair<const float*, const void*> CudaDecoderModel::Impl::residual_norm_for(
+    const DeviceMatrix& w, float* xio, const float* y, int64_t T, int64_t H, const float* bias,
+    const float* weight, float eps) {
+  if (w.quantized()) {
+    residual_add_norm(xio, y, T, H, bias, weight, eps, norm32.data(), Elem::kF32, stream);
+    return {norm32.data(), nullptr};
+  }
+  residual_add_norm(xio, y, T, H, bias, weight, eps, narrow.data(), w.elem, stream);
+  return {nullptr, narrow.data()};
 }
 
 std::pair<const float*, const void*> CudaDecoderModel::Impl::norm_for(
@@ -811,11 +832,15 @@ void CudaDecoderModel::Impl::run_layers(const ModelConfig& c, const DecoderModel
   } else {
     embed_rows(embed.ptr(), embed.elem, H, d_tokens, T, host.embedding_scale(), x.data(), s);
   }
+  // The next layer's normed input when the previous layer's last residual add computed it.
+  std::optional<std::pair<const float*, const void*>> next_input;
   for (int l = 0; l < c.num_layers; ++l) {
     const DeviceLayer& L = layers[size_t(l)];
     // Attention block.
     {
-      const auto [x32, xn] = norm_for(L.qkv, x.data(), T, H, L.input_norm.data(), eps);
+      const auto [x32, xn] = next_input ? *next_input
+                                        : norm_for(L.qkv, x.data(), T, H, L.input_norm.data(), eps);
+      next_input.reset();
       linear(L.qkv, x32, xn, T, qkv.data(), q_dim + 2 * kv_dim);
     }
     const int window = c.sliding_window[size_t(l)];
@@ -874,16 +899,22 @@ void CudaDecoderModel::Impl::run_layers(const ModelConfig& c, const DecoderModel
       enqueue_attention(order, runs, base, ao);
     }
     linear(L.o, attn.data(), nullptr, T, out.data(), H);
-    residual_add(x.data(), out.data(), T, H, or_null(L.o_bias),
-                 c.sandwich_norms ? L.post_attention_norm.data() : nullptr, eps, s);
-
-    // Feed-forward block.
+    // Feed-forward block. Without sandwich norms the residual add and the FFN norm are one
+    // kernel (and the FFN's residual add and the next layer's input norm).
     const float* ffn_norm =
         c.sandwich_norms ? L.pre_feedforward_norm.data() : L.post_attention_norm.data();
     const float* post_ffn = c.sandwich_norms ? L.post_feedforward_norm.data() : nullptr;
+    const bool fuse_norms = !c.sandwich_norms && !L.moe;
+    if (!fuse_norms) {
+      residual_add(x.data(), out.data(), T, H, or_null(L.o_bias),
+                   c.sandwich_norms ? L.post_attention_norm.data() : nullptr, eps, s);
+    }
     if (!L.moe) {
       const DeviceMlp& mlp = L.mlp;
-      const auto [x32, xn] = norm_for(mlp.gate_up, x.data(), T, H, ffn_norm, eps);
+      const auto [x32, xn] =
+          fuse_norms ? residual_norm_for(mlp.gate_up, x.data(), out.data(), T, H,
+                                         or_null(L.o_bias), ffn_norm, eps)
+                     : norm_for(mlp.gate_up, x.data(), T, H, ffn_norm, eps);
       linear(mlp.gate_up, x32, xn, T, gate_up.data(), 2 * mlp.inter);
       if (mlp.down.quantized()) {
         gated_activation(gate_up.data(), T, mlp.inter, or_null(mlp.gate_bias),
@@ -894,7 +925,13 @@ void CudaDecoderModel::Impl::run_layers(const ModelConfig& c, const DecoderModel
                          or_null(mlp.up_bias), c.activation, narrow.data(), mlp.down.elem, s);
         linear(mlp.down, nullptr, narrow.data(), T, mlp_out.data(), H);
       }
-      residual_add(x.data(), mlp_out.data(), T, H, or_null(mlp.down_bias), post_ffn, eps, s);
+      if (post_ffn == nullptr && l + 1 < c.num_layers) {
+        const DeviceLayer& next = layers[size_t(l) + 1];
+        next_input = residual_norm_for(next.qkv, x.data(), mlp_out.data(), T, H,
+                                       or_null(mlp.down_bias), next.input_norm.data(), eps);
+      } else {
+        residual_add(x.data(), mlp_out.data(), T, H, or_null(mlp.down_bias), post_ffn, eps, s);
+      }
       continue;
     }
     // Mixture of experts: route on the GPU, then one GEMM chain per expert over its tokens
