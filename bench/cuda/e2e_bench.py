@@ -7,6 +7,10 @@ usage: bench/cuda/e2e_bench.py --lib build/bench/cuda/libturbokv_e2e_bench.so --
          [--depths 4096,32768,131072] [--batch 1] [--steps 32] [--kv dense,3.5,4:uniform]
          [--kv-cache-gb 40] [--prefill 4096] [--no-torch] [--max-context] [--out FILE]
 
+KV settings: dense, or BITS[:SCHEME[:ALLOCATION]] ("3.5" is the engine's default TurboQuant
+3.5: layer 0 K3/V4, later layers K4/V3, the last layer dense), with "+last" to quantize the
+last layer too ("3.5+last").
+
 --max-context: instead, the longest context one sequence fits in the GPU's memory for each KV
 setting, each measured by running decode steps at that depth (turbokv only, the whole GPU).
 Llama-architecture models only (scripts/make_shape_model.py writes attn4 and llama3-8b).

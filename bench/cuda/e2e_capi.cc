@@ -26,12 +26,18 @@ auto guarded(Fn fn, decltype(fn()) failed) {
   }
 }
 
-// "dense", or kv_bits with an optional scheme: "3.5", "4:uniform", "4:turboquant".
+// "dense", or kv_bits with an optional scheme and allocation, BITS[:SCHEME[:ALLOCATION]], e.g.
+// "3.5", "4:uniform", "3.5:turboquant:none"; a "+last" suffix quantizes the last layer too
+// (the engine keeps it dense by default), e.g. "3.5+last".
 ResolvedKV parse_kv(const char* spec) {
-  const std::string s = spec;
+  std::string s = spec;
   if (s == "dense") return ResolvedKV{};
-  // BITS[:SCHEME[:ALLOCATION]], e.g. "3.5", "4:uniform", "3.5:turboquant:none".
   KVOptions o;
+  const std::string kLast = "+last";
+  if (s.size() > kLast.size() && s.compare(s.size() - kLast.size(), kLast.size(), kLast) == 0) {
+    o.last_layer_dense = false;
+    s.resize(s.size() - kLast.size());
+  }
   const size_t colon = s.find(':');
   o.kv_bits = parse_kv_bits(s.substr(0, colon));
   if (colon != std::string::npos) {
