@@ -24,6 +24,7 @@ struct Target {
   uint8_t* block = nullptr;
   size_t row = 0;  // kv_head * kBlockTokens + token: the vector's row in each section
   int seq = 0;
+  int pos = 0;
 };
 
 struct VectorId {
@@ -52,6 +53,7 @@ __device__ __forceinline__ Target find_target(const PagedBatch& b, const AppendR
   t.block = const_cast<uint8_t*>(b.block_table[size_t(seq) * b.table_stride + pos / kBlockTokens]);
   t.row = size_t(id.head) * kBlockTokens + pos % kBlockTokens;
   t.seq = seq;
+  t.pos = pos;
   return t;
 }
 
@@ -182,6 +184,14 @@ __global__ void __launch_bounds__(kAppendWarps * 32)
   const TQTensorFormat& tf = id.role == 0 ? f.key : f.value;
   const TQSequenceState state = states != nullptr ? states[t.seq] : TQSequenceState{};
   const int* order = id.role == 0 ? state.key_order : state.value_order;
+  if (t.pos < f.sink_tokens) {  // an uncoded sink row: fp16 as it comes
+    __half* sink = (id.role == 0 ? state.sink_keys : state.sink_values) +
+                   (size_t(id.head) * f.sink_tokens + t.pos) * f.head_dim;
+    for (int i = lane; i < f.head_dim; i += 32) {
+      sink[i] = __ushort_as_half(to_f16_bits(job.src[i]));
+    }
+    return;
+  }
   VectorScratch& w = scratch[threadIdx.x / 32];
   load_vector(job.src, id.role == 0 ? state.key_mean : state.value_mean, id.head, f.head_dim, w.x,
               lane);
@@ -195,8 +205,29 @@ __global__ void __launch_bounds__(kAppendWarps * 32)
   }
 }
 
+// w.x [head_dim] = R w.x by a one-segment rotation (quant/rotation.h's apply, bit for bit);
+// w.a is scratch.
+__device__ void rotate_vector(const TQSegment& r, VectorScratch& w, int lane) {
+  const int n = r.dim;
+  if (r.hadamard) {
+    for (int i = lane; i < n; i += 32) w.a[i] = sign_flip_at(r.sign_words, i) ? -w.x[i] : w.x[i];
+    __syncwarp();
+    fwht_warp(w.a, n, lane);
+    for (int i = lane; i < n; i += 32) w.x[i] = __fmul_rn(w.a[i], r.hadamard_scale);
+  } else {
+    for (int i = lane; i < n; i += 32) w.a[i] = w.x[i];
+    __syncwarp();
+    for (int i = lane; i < n; i += 32) {
+      float acc = 0.0f;  // y_i = (((0 + R[i][0] u_0) + R[i][1] u_1) + ...), R[i][j] = R^T[j][i]
+      for (int j = 0; j < n; ++j) acc = __fadd_rn(acc, __fmul_rn(r.rotation_t[j * n + i], w.a[j]));
+      w.x[i] = acc;
+    }
+  }
+  __syncwarp();
+}
+
 // quant/codec_uniform.h, per group: min / max, fp16 (scale, min), codes from the rounded
-// parameters.
+// parameters (after the format's rotation, if any).
 __global__ void __launch_bounds__(kAppendWarps * 32)
     uniform_append_kernel(const UniformFormat f, const PagedBatch b, const AppendRows rows,
                           const BlockGeometry g) {
@@ -209,6 +240,7 @@ __global__ void __launch_bounds__(kAppendWarps * 32)
   const UniformTensorFormat& tf = id.role == 0 ? f.key : f.value;
   VectorScratch& w = scratch[threadIdx.x / 32];
   load_vector(job.src, nullptr, id.head, f.head_dim, w.x, lane);
+  if (f.rotated) rotate_vector((id.role == 0 ? f.key_rotation : f.value_rotation).seg[0], w, lane);
   uint16_t* params =
       reinterpret_cast<uint16_t*>(t.block + (id.role == 0 ? g.k_aux_offset : g.v_aux_offset)) +
       t.row * tf.groups * 2;

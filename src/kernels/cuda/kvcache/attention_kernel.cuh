@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 4)
     if (hr < head_rows) {
       const int pos = len - n_q + hr / a.group;
       hi[r] = max(pos + 1, 0);
-      lo[r] = a.window > 0 ? max(pos - a.window + 1, 0) : 0;
+      lo[r] = max(a.window > 0 ? max(pos - a.window + 1, 0) : 0, a.key_begin);
     }
     if (lo[r] < hi[r]) {
       lo_min = min(lo_min, lo[r]);

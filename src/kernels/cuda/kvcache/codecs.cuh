@@ -154,8 +154,21 @@ struct UniformCodec {
 
   __device__ void load_tables(Tables&, int, int) const {}
   __device__ int value_dim(int lane, int e) const { return lane + 32 * e; }
-  __device__ void load_query(const float* q, int r, int, int, QueryShared& qs, float*,
-                             int lane) const {
+  __device__ void load_query(const float* q, int r, int kv_head, int, QueryShared& qs,
+                             float* scratch, int lane) const {
+    if (f.rotated) {  // the keys' frame: R_k q (scores are unchanged by the rotation)
+      float* frame = reinterpret_cast<float*>(qs.q);
+      rotate_query_row(f.key_rotation, nullptr, q, kv_head, f.head_dim, r, frame, scratch, lane);
+      for (int g = 0; g < f.key.groups; ++g) {
+        const int begin = g * f.key.group_size, end = min(f.head_dim, begin + f.key.group_size);
+        float sum = 0;
+        for (int i = begin + lane; i < end; i += 32) sum += frame[i * 4 + r];
+        sum = warp_sum(sum);
+        if (lane == 0) qs.qsum[r][g] = sum;
+      }
+      if (lane == 0) qs.qm[r] = 0;
+      return;
+    }
     copy_query_row(q, f.head_dim, r, qs, lane);
     for (int g = 0; g < f.key.groups; ++g) {
       const int begin = g * f.key.group_size, end = min(f.head_dim, begin + f.key.group_size);

@@ -49,16 +49,9 @@ class Patches {
   std::vector<std::function<void(const uint8_t*)>> fixups_;
 };
 
-// One MSE segment from a codec: dims, bits, rotation and codebook.
-void build_segment(const quant::MseCodec& c, int channel_offset, int code_offset, int index,
-                   Arena& arena, Patches& patches, TQSegment& g) {
-  const quant::Rotation& rotation = c.rotation();
-  g.dim = c.dim();
-  g.bits = c.int_bits();
-  g.code_offset = code_offset;
-  g.norm_index = index;
-  g.channel_offset = channel_offset;
-  g.norm_correction = c.norm_correction() ? 1 : 0;
+// A segment's rotation fields (dim, Hadamard signs and scale, or the dense matrices).
+void build_rotation(const quant::Rotation& rotation, Arena& arena, Patches& patches, TQSegment& g) {
+  g.dim = rotation.dim();
   g.hadamard = rotation.is_hadamard() ? 1 : 0;
   if (g.hadamard) {
     g.hadamard_scale = rotation.hadamard_scale();
@@ -71,6 +64,18 @@ void build_segment(const quant::MseCodec& c, int channel_offset, int code_offset
     patches.point(g.rotation, arena.put(rotation.matrix()));
     patches.point(g.rotation_t, arena.put(rotation.matrix_transposed()));
   }
+}
+
+// One MSE segment from a codec: dims, bits, rotation and codebook.
+void build_segment(const quant::MseCodec& c, int channel_offset, int code_offset, int index,
+                   Arena& arena, Patches& patches, TQSegment& g) {
+  build_rotation(c.rotation(), arena, patches, g);
+  g.dim = c.dim();
+  g.bits = c.int_bits();
+  g.code_offset = code_offset;
+  g.norm_index = index;
+  g.channel_offset = channel_offset;
+  g.norm_correction = c.norm_correction() ? 1 : 0;
   patches.point(g.centroids, arena.put(c.codebook().centroids));
   patches.point(g.boundaries, arena.put(c.codebook().boundaries));
 }
@@ -129,6 +134,29 @@ UniformFormat make_uniform_format(int kv_heads, const quant::UniformCodec& key,
   }
   block_geometry(f);  // the kernels' checks (kv_heads, head_dim)
   return f;
+}
+
+RotatedUniformFormat::RotatedUniformFormat(int kv_heads, const quant::UniformCodec& key,
+                                           const quant::UniformCodec& value,
+                                           const quant::Rotation& key_rotation,
+                                           const quant::Rotation& value_rotation)
+    : format_(make_uniform_format(kv_heads, key, value)) {
+  if (key_rotation.dim() != format_.head_dim || value_rotation.dim() != format_.head_dim) {
+    throw InvalidArgument(str_cat("uniform format: rotations of dims ", key_rotation.dim(), " and ",
+                                  value_rotation.dim(), " for head_dim ", format_.head_dim));
+  }
+  Arena arena;
+  Patches patches;
+  for (auto [t, r] : {std::pair{&format_.key_rotation, &key_rotation},
+                      std::pair{&format_.value_rotation, &value_rotation}}) {
+    t->segments = 1;
+    t->norms_per_vector = 1;
+    build_rotation(*r, arena, patches, t->seg[0]);
+  }
+  format_.rotated = 1;
+  storage_ = DeviceBuffer<uint8_t>::upload(arena.bytes());
+  patches.apply(storage_.data());
+  block_geometry(format_);  // the kernels' checks (the rotations too)
 }
 
 }  // namespace turbokv::cuda

@@ -1,7 +1,8 @@
 // The paged formats (paged.h) built from the CPU codecs (quant/): the device copies of the
 // TurboQuant sign words, rotation matrices and codebooks that a TQFormat points at, and the
-// buffer-free uniform format. No cache or engine logic: what a cache fixes per sequence (split
-// channel orders, centering means) travels in TQSequenceState, built by the caller.
+// uniform format (buffer-free, or with its rotations' device copies). No cache or engine
+// logic: what a cache fixes per sequence (split channel orders, centering means, sink rows)
+// travels in TQSequenceState, built by the caller.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include "kernels/cuda/kvcache/paged.h"
 #include "quant/codec.h"
 #include "quant/codec_uniform.h"
+#include "quant/rotation.h"
 
 namespace turbokv::cuda {
 
@@ -35,5 +37,21 @@ class TQDeviceFormat {
 // Throws InvalidArgument when the codecs' dims differ or kv_heads < 1.
 UniformFormat make_uniform_format(int kv_heads, const quant::UniformCodec& key,
                                   const quant::UniformCodec& value);
+
+// A UniformFormat whose keys and values are rotated before grouping (UniformFormat::rotated:
+// the uniform cache's hadamard option) and the device memory of the rotations; format() is
+// valid while this object lives (moving it keeps the pointers valid).
+class RotatedUniformFormat {
+ public:
+  // Throws InvalidArgument when the rotations' dims are not the codecs'.
+  RotatedUniformFormat(int kv_heads, const quant::UniformCodec& key,
+                       const quant::UniformCodec& value, const quant::Rotation& key_rotation,
+                       const quant::Rotation& value_rotation);
+  const UniformFormat& format() const { return format_; }
+
+ private:
+  DeviceBuffer<uint8_t> storage_;
+  UniformFormat format_;
+};
 
 }  // namespace turbokv::cuda

@@ -100,17 +100,27 @@ struct TQTensorFormat {
 //    subtraction). Attention adds float(value_mean) to the output and <q, float(key_mean)> to
 //    every raw score of the query (a constant shift: the softmax is unchanged, except under a
 //    soft-cap, and the log-sum-exp output includes it), so it attends over codes + mean.
+//  - sink_keys / sink_values [kv_heads, sink_tokens, head_dim] fp16: the sequence's first
+//    TQFormat::sink_tokens positions, kept uncoded (and uncentered); required when the format
+//    has sink tokens.
 struct TQSequenceState {
   const int* key_order = nullptr;
   const int* value_order = nullptr;
   const __half* key_mean = nullptr;
   const __half* value_mean = nullptr;
+  __half* sink_keys = nullptr;
+  __half* sink_values = nullptr;
 };
 
 struct TQFormat {
   int kv_heads = 0;
   int head_dim = 0;           // 2..256
   TQTensorFormat key, value;  // all pointers are device pointers
+  // Positions 0 .. sink_tokens - 1 of every sequence are fp16 rows in TQSequenceState (the
+  // CPU cache's sink tokens): paged_append writes them there (rounded like core/half.h, never
+  // centered), their slots in the blocks stay unused, and paged_attention attends them apart
+  // and merges the two softmaxes by log-sum-exp.
+  int sink_tokens = 0;
 };
 
 struct UniformTensorFormat {
@@ -124,6 +134,13 @@ struct UniformFormat {
   int kv_heads = 0;
   int head_dim = 0;  // 1..256
   UniformTensorFormat key, value;
+  // 1: every key is rotated by key_rotation and every value by value_rotation before it is
+  // grouped (the CPU cache's hadamard option, quant/rotation.h order bit for bit); attention
+  // rotates the queries the same way and takes the output back with the values' R^T. Each is
+  // one segment over head_dim of which only the rotation fields (hadamard, hadamard_scale,
+  // sign_words, rotation, rotation_t) and dim are read.
+  int rotated = 0;
+  TQTensorFormat key_rotation, value_rotation;
 };
 
 // Bytes of one block and the offsets of its sections.
@@ -195,6 +212,10 @@ struct AttentionOptions {
 // run one after the other (one stream).
 size_t paged_attention_workspace_bytes(const PagedBatch& batch, const QueryRows& queries,
                                        const AttentionOptions& options, int kv_heads, int head_dim);
+// A TurboQuant format's: the above, plus the coded part's log-sum-exp rows when the format has
+// sink tokens (queries' rows dense: q_start[b] = the queries of the sequences before b).
+size_t paged_attention_workspace_bytes(const TQFormat& f, const PagedBatch& batch,
+                                       const QueryRows& queries, const AttentionOptions& options);
 
 // Writers: quantize (or convert) the rows into their blocks. Codes and norms are bit-identical
 // to the CPU codecs (quant/), dense elements are rounded like core/half.h. Throw

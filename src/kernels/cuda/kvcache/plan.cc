@@ -36,6 +36,8 @@ void check_kv_shape(int kv_heads, int head_dim, int min_dim, const char* what) {
   }
 }
 
+void check_rotation(const TQSegment& g, const std::string& where);
+
 void check_tensor(const TQTensorFormat& t, int head_dim, const char* role) {
   if (t.segments != 1 && t.segments != 2) {
     throw InvalidArgument(str_cat("TurboQuant ", role, " format: segments ", t.segments,
@@ -64,20 +66,7 @@ void check_tensor(const TQTensorFormat& t, int head_dim, const char* role) {
     if (g.norm_index != s) {
       throw InvalidArgument(str_cat(where, "norm_index ", g.norm_index, ", expected ", s));
     }
-    if (g.hadamard) {
-      if (!power_of_two(g.dim)) {
-        throw InvalidArgument(
-            str_cat(where, "a Hadamard rotation needs a power-of-two dim, got ", g.dim));
-      }
-      if (g.sign_words == nullptr || !(g.hadamard_scale > 0)) {
-        throw InvalidArgument(str_cat(where,
-                                      "a Hadamard rotation needs sign_words and a "
-                                      "positive hadamard_scale, got scale ",
-                                      g.hadamard_scale));
-      }
-    } else if (g.rotation == nullptr || g.rotation_t == nullptr) {
-      throw InvalidArgument(str_cat(where, "a dense rotation needs rotation and rotation_t"));
-    }
+    check_rotation(g, where);
     if (g.centroids == nullptr || g.boundaries == nullptr) {
       throw InvalidArgument(str_cat(where, "centroids and boundaries are required"));
     }
@@ -91,6 +80,23 @@ void check_tensor(const TQTensorFormat& t, int head_dim, const char* role) {
   if (t.code_bytes != bytes) {
     throw InvalidArgument(str_cat("TurboQuant ", role, " format: code_bytes ", t.code_bytes,
                                   ", the segments pack into ", bytes));
+  }
+}
+
+void check_rotation(const TQSegment& g, const std::string& where) {
+  if (g.hadamard) {
+    if (!power_of_two(g.dim)) {
+      throw InvalidArgument(
+          str_cat(where, "a Hadamard rotation needs a power-of-two dim, got ", g.dim));
+    }
+    if (g.sign_words == nullptr || !(g.hadamard_scale > 0)) {
+      throw InvalidArgument(str_cat(where,
+                                    "a Hadamard rotation needs sign_words and a "
+                                    "positive hadamard_scale, got scale ",
+                                    g.hadamard_scale));
+    }
+  } else if (g.rotation == nullptr || g.rotation_t == nullptr) {
+    throw InvalidArgument(str_cat(where, "a dense rotation needs rotation and rotation_t"));
   }
 }
 
@@ -142,12 +148,29 @@ void check_format(const TQFormat& f) {
   check_kv_shape(f.kv_heads, f.head_dim, 2, "TurboQuant");
   check_tensor(f.key, f.head_dim, "key");
   check_tensor(f.value, f.head_dim, "value");
+  if (f.sink_tokens < 0) {
+    throw InvalidArgument(
+        str_cat("TurboQuant format: sink_tokens ", f.sink_tokens, " must be >= 0"));
+  }
 }
 
 void check_format(const UniformFormat& f) {
   check_kv_shape(f.kv_heads, f.head_dim, 1, "uniform");
   check_uniform_tensor(f.key, f.head_dim, "key");
   check_uniform_tensor(f.value, f.head_dim, "value");
+  if (f.rotated != 0 && f.rotated != 1) {
+    throw InvalidArgument(str_cat("uniform format: rotated ", f.rotated, " must be 0 or 1"));
+  }
+  if (f.rotated) {
+    for (const auto& [t, role] :
+         {std::pair{&f.key_rotation, "key"}, std::pair{&f.value_rotation, "value"}}) {
+      if (t->segments != 1 || t->seg[0].dim != f.head_dim || t->seg[0].channel_offset != 0) {
+        throw InvalidArgument(str_cat("uniform format: the ", role,
+                                      " rotation must be one segment over head_dim ", f.head_dim));
+      }
+      check_rotation(t->seg[0], str_cat("uniform format: ", role, " rotation: "));
+    }
+  }
 }
 
 // pointers: whether the device pointers are checked too (workspace sizing needs only shapes).
@@ -350,21 +373,45 @@ size_t paged_attention_workspace_bytes(const PagedBatch& batch, const QueryRows&
 
 namespace {
 
+// Bytes of the coded part's log-sum-exp rows that the sink pass reads.
+size_t sink_lse_bytes(const TQFormat& f, const PagedBatch& batch, const QueryRows& queries,
+                      const AttentionOptions& options) {
+  if (f.sink_tokens == 0) return 0;
+  return round_up(
+      size_t(batch.batch) * size_t(queries.max_n_q) * size_t(options.n_heads) * sizeof(float), 256);
+}
+
+}  // namespace
+
+size_t paged_attention_workspace_bytes(const TQFormat& f, const PagedBatch& batch,
+                                       const QueryRows& queries, const AttentionOptions& options) {
+  check_format(f);
+  return round_up(paged_attention_workspace_bytes(batch, queries, options, f.kv_heads, f.head_dim),
+                  256) +
+         sink_lse_bytes(f, batch, queries, options);
+}
+
+namespace {
+
 // Runs the split pass through `launch` and then the merge; nothing to do without queries.
+// key_begin: keys below it are not attended (sink tokens). Returns the split pass's arguments.
 template <typename Launch>
-void run_attention(const BlockGeometry& g, const int (&row_bytes)[kRegions], int kv_heads,
-                   int head_dim, const PagedBatch& b, const QueryRows& q, const AttentionOptions& o,
-                   void* workspace, size_t workspace_bytes, const TQFormat* unrotate,
-                   const TQSequenceState* states, cudaStream_t stream, Launch launch) {
+AttnArgs run_attention(const BlockGeometry& g, const int (&row_bytes)[kRegions], int kv_heads,
+                       int head_dim, const PagedBatch& b, const QueryRows& q,
+                       const AttentionOptions& o, void* workspace, size_t workspace_bytes,
+                       const TQFormat* unrotate, const TQSequenceState* states, cudaStream_t stream,
+                       Launch launch, int key_begin = 0) {
   check_batch(b, "paged attention");
-  if (q.max_n_q == 0) return;
+  if (q.max_n_q == 0) return AttnArgs{};
   const StagePlan stage = plan_stages(g, row_bytes, head_dim);
   MergeArgs merge;
-  const AttnArgs a =
+  AttnArgs a =
       make_attention_args(b, q, o, kv_heads, head_dim, stage, workspace, workspace_bytes, &merge);
+  a.key_begin = key_begin;
   merge.states = states;
   launch(a);
   launch_merge(merge, unrotate, b.batch, stream);
+  return a;
 }
 
 }  // namespace
@@ -385,8 +432,13 @@ void paged_attention(const UniformFormat& f, const PagedBatch& b, const QueryRow
   const BlockGeometry g = block_geometry(f);
   const int row_bytes[kRegions] = {f.key.code_bytes, f.value.code_bytes, f.key.groups * 4,
                                    f.value.groups * 4};
-  run_attention(g, row_bytes, f.kv_heads, f.head_dim, b, q, o, workspace, workspace_bytes, nullptr,
-                nullptr, stream,
+  // Rotated groups: the merge takes the rows back through the values' rotation.
+  TQFormat unrotate;
+  unrotate.kv_heads = f.kv_heads;
+  unrotate.head_dim = f.head_dim;
+  unrotate.value = f.value_rotation;
+  run_attention(g, row_bytes, f.kv_heads, f.head_dim, b, q, o, workspace, workspace_bytes,
+                f.rotated ? &unrotate : nullptr, nullptr, stream,
                 [&](const AttnArgs& a) { launch_uniform_attention(a, f, stream); });
 }
 
@@ -396,14 +448,53 @@ void paged_attention(const TQFormat& f, const PagedBatch& b, const TQSequenceSta
   const BlockGeometry g = block_geometry(f);
   const int row_bytes[kRegions] = {f.key.code_bytes, f.value.code_bytes, f.key.norms_per_vector * 2,
                                    f.value.norms_per_vector * 2};
-  run_attention(g, row_bytes, f.kv_heads, f.head_dim, b, q, o, workspace, workspace_bytes, &f,
-                states, stream, [&](const AttnArgs& a) {
-                  bool done = false;
-                  if (f.head_dim == 64) done = launch_tq_attention_d64(a, f, states, stream);
-                  if (f.head_dim == 128) done = launch_tq_attention_d128(a, f, states, stream);
-                  if (f.head_dim == 256) done = launch_tq_attention_d256(a, f, states, stream);
-                  if (!done) launch_tq_attention_generic(a, f, states, stream);
-                });
+  QueryRows coded = q;
+  size_t coded_workspace = workspace_bytes;
+  if (f.sink_tokens > 0 && q.max_n_q > 0) {
+    // The coded part's log-sum-exp rows go to the end of the workspace.
+    const size_t need = paged_attention_workspace_bytes(f, b, q, o);
+    if (workspace == nullptr || workspace_bytes < need) {
+      throw InvalidArgument(str_cat("paged attention: workspace of ", workspace_bytes, " B, need ",
+                                    need, " B (paged_attention_workspace_bytes of the format)"));
+    }
+    if (states == nullptr) {
+      throw InvalidArgument("paged attention: a format with sink tokens needs the states");
+    }
+    const size_t lse_bytes = sink_lse_bytes(f, b, q, o);
+    coded_workspace = need - lse_bytes;
+    if (coded.lse == nullptr) {
+      coded.lse = reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + coded_workspace);
+    }
+  }
+  const AttnArgs a = run_attention(
+      g, row_bytes, f.kv_heads, f.head_dim, b, coded, o, workspace, coded_workspace, &f, states,
+      stream,
+      [&](const AttnArgs& args) {
+        bool done = false;
+        if (f.head_dim == 64) done = launch_tq_attention_d64(args, f, states, stream);
+        if (f.head_dim == 128) done = launch_tq_attention_d128(args, f, states, stream);
+        if (f.head_dim == 256) done = launch_tq_attention_d256(args, f, states, stream);
+        if (!done) launch_tq_attention_generic(args, f, states, stream);
+      },
+      f.sink_tokens);
+  if (f.sink_tokens == 0 || q.max_n_q == 0) return;
+  SinkArgs s;
+  s.states = states;
+  s.seq_len = b.seq_len;
+  s.q_start = q.q_start;
+  s.q = q.q;
+  s.out = q.out;
+  s.lse = coded.lse;
+  s.table_tokens = a.table_tokens;
+  s.max_n_q = q.max_n_q;
+  s.n_heads = o.n_heads;
+  s.group = a.group;
+  s.head_dim = f.head_dim;
+  s.sink_tokens = f.sink_tokens;
+  s.scale = o.scale;
+  s.softcap = o.logit_softcap;
+  s.window = o.sliding_window;
+  launch_sink_merge(s, b.batch, stream);
 }
 
 }  // namespace turbokv::cuda

@@ -78,6 +78,7 @@ struct AttnArgs {
   float scale = 0;
   float softcap = 0;
   int window = 0;
+  int key_begin = 0;  // keys at positions below it are not attended (TurboQuant sink tokens)
   // Partials of (sequence b, query i < max_n_q, head, split), index
   // ((b * max_n_q + i) * n_heads + head) * splits + split: acc [head_dim] in the codec frame,
   // ml = (max of log2-scores, Σ 2^(s - max)).
@@ -102,6 +103,27 @@ struct MergeArgs {
   int head_dim = 0;
   int splits = 0;
   int split_tokens = 0;
+};
+
+// Kernel arguments of the sink pass (grid: max_n_q * n_heads, batch): attention over the fp16
+// sink rows of TQSequenceState, merged into out by log-sum-exp with the coded part's (lse in,
+// then the merged one).
+struct SinkArgs {
+  const TQSequenceState* states = nullptr;  // [batch]
+  const int* seq_len = nullptr;
+  const int* q_start = nullptr;
+  const float* q = nullptr;
+  float* out = nullptr;
+  float* lse = nullptr;  // [rows, n_heads]: the coded part's, overwritten with the merged one
+  int table_tokens = 0;
+  int max_n_q = 0;
+  int n_heads = 0;
+  int group = 0;
+  int head_dim = 0;
+  int sink_tokens = 0;
+  float scale = 0;
+  float softcap = 0;
+  int window = 0;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -154,5 +176,6 @@ bool launch_tq_attention_d256(const AttnArgs& a, const TQFormat& f, const TQSequ
 // (m.states: the sequences' channel orders and value means); nullptr: the partials are in the
 // natural frame already.
 void launch_merge(const MergeArgs& m, const TQFormat* value, int batch, cudaStream_t stream);
+void launch_sink_merge(const SinkArgs& s, int batch, cudaStream_t stream);
 
 }  // namespace turbokv::cuda::paged
