@@ -250,7 +250,7 @@ TEST(CudaPagedAppendArgs, RejectsBadFormatsAndBatches) {
   f.kv_heads = 2;
   f.head_dim = 128;
   EXPECT_THROW(block_geometry(f), InvalidArgument);  // no segment data
-  UniformFormat u{2, 128, {9, 64, 144, 2}, {4, 64, 64, 2}};
+  UniformFormat u{2, 128, {9, 64, 144, 2}, {4, 64, 64, 2}, 0, {}, {}};
   EXPECT_THROW(block_geometry(u), InvalidArgument);  // 9 bits
   u.key = {4, 48, 64, 3};
   EXPECT_THROW(block_geometry(u), InvalidArgument);  // group 48

@@ -29,6 +29,38 @@ T* scratch_copy(DeviceCacheContext& context, const T* host, size_t count, size_t
 
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
+// A cache's state block: [key order][value order] int [kv_heads, head_dim] and [key mean]
+// [value mean] fp16 [kv_heads, head_dim] for a calibrating format, then [sink keys][sink
+// values] fp16 [kv_heads, sink_tokens, head_dim]; each section 16-B aligned.
+struct StateLayout {
+  size_t key_order = 0, value_order = 0, key_mean = 0, value_mean = 0;
+  size_t sink_keys = 0, sink_values = 0;
+  size_t sink_bytes = 0;  // of each sink section
+  size_t bytes = 0;
+};
+
+StateLayout state_layout(const DeviceFormat& f) {
+  const size_t hd = size_t(f.kv_heads()) * size_t(f.head_dim());
+  StateLayout l;
+  auto take = [&](size_t bytes) {
+    const size_t at = l.bytes;
+    l.bytes = align16(l.bytes + bytes);
+    return at;
+  };
+  if (f.calibrates()) {
+    l.key_order = take(hd * sizeof(int));
+    l.value_order = take(hd * sizeof(int));
+    l.key_mean = take(hd * 2);
+    l.value_mean = take(hd * 2);
+  }
+  if (f.sink_tokens() > 0) {
+    l.sink_bytes = hd * size_t(f.sink_tokens()) * 2;
+    l.sink_keys = take(l.sink_bytes);
+    l.sink_values = take(l.sink_bytes);
+  }
+  return l;
+}
+
 }  // namespace
 
 // ----------------------------------------------------------------------------- context
@@ -94,6 +126,7 @@ DeviceKVCache::DeviceKVCache(DeviceCacheContext& context,
     throw InvalidArgument(str_cat("quantized_kv_start ", quantized_kv_start, " must be >= 1"));
   }
   if (window_ == 0) state_host_ = format_->host_cache();
+  reset_state_storage();
 }
 
 DeviceKVCache::~DeviceKVCache() {
@@ -119,7 +152,8 @@ void DeviceKVCache::convert_to_staged_format() {
   format_ = std::move(staged_);
   staged_.reset();
   state_host_ = format_->host_cache();
-  calibrated_ = false;
+  clear_calibration();
+  reset_state_storage();
   ++generation_;
   append(k.data(), v.data(), n);  // calibrates on the whole history, as convert_from does
 }
@@ -129,12 +163,8 @@ std::string DeviceKVCache::type_name() const {
 }
 
 size_t DeviceKVCache::nbytes() const {
-  const int64_t held = window_ > 0 ? std::min<int64_t>(size_, window_) : size_;
-  size_t state = 0;
-  for (const auto* orders : {&key_orders_, &value_orders_}) {
-    for (const auto& o : *orders) state += 2 * o.size();  // as the CPU cache counts them
-  }
-  return size_t(held) * format_->bytes_per_token() + state;
+  if (window_ > 0) return size_t(std::min<int64_t>(size_, window_)) * format_->bytes_per_token();
+  return format_->nbytes(size_, calibrated_);
 }
 
 const uint8_t* DeviceKVCache::zero_block() const {
@@ -166,39 +196,96 @@ void DeviceKVCache::advance(int n) {
   if (staged_ && size_ >= quantized_kv_start_) convert_to_staged_format();
 }
 
-void DeviceKVCache::set_orders(const std::vector<std::vector<int>>& key_orders,
-                               const std::vector<std::vector<int>>& value_orders) {
+void DeviceKVCache::reset_state_storage() {
+  if (state_block_ != nullptr) {
+    TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));  // no kernel reads it now
+    context_.pool().release(state_block_, state_bytes_);
+    state_block_ = nullptr;
+    state_bytes_ = 0;
+  }
+  state_ = TQSequenceState{};
+  const StateLayout l = state_layout(*format_);
+  if (l.bytes == 0) return;
+  if (l.bytes > DeviceBlockPool::kChunkBytes) {
+    throw Unsupported(str_cat("--device cuda: ", format_->sink_tokens(), " sink tokens of ",
+                              kv_heads(), " KV heads x ", head_dim(), " need ", l.bytes,
+                              " B of state per sequence and layer, more than the ",
+                              DeviceBlockPool::kChunkBytes >> 20,
+                              " MiB the GPU pool gives one allocation; use fewer sink tokens"));
+  }
+  state_bytes_ = l.bytes;
+  state_block_ = context_.pool().allocate(state_bytes_);
+  if (l.sink_bytes > 0) {
+    state_.sink_keys = reinterpret_cast<__half*>(state_block_ + l.sink_keys);
+    state_.sink_values = reinterpret_cast<__half*>(state_block_ + l.sink_values);
+  }
+}
+
+void DeviceKVCache::clear_calibration() {
+  calibrated_ = false;
+  key_orders_.clear();
+  value_orders_.clear();
+  state_.key_order = state_.value_order = nullptr;
+  state_.key_mean = state_.value_mean = nullptr;
+}
+
+void DeviceKVCache::set_calibration(const std::vector<std::vector<int>>& key_orders,
+                                    const std::vector<std::vector<int>>& value_orders,
+                                    const std::vector<uint16_t>& key_means,
+                                    const std::vector<uint16_t>& value_means) {
+  clear_calibration();
+  const int heads = kv_heads(), d = head_dim();
+  const size_t hd = size_t(heads) * d;
+  const StateLayout l = state_layout(*format_);
+  for (const auto* orders : {&key_orders, &value_orders}) {
+    if (!orders->empty() && orders->size() != size_t(heads)) {
+      throw FormatError("split channel orders for the wrong number of KV heads");
+    }
+    for (const auto& o : *orders) {
+      if (int(o.size()) != d) throw FormatError("split channel order of the wrong length");
+    }
+  }
+  for (const auto* mean : {&key_means, &value_means}) {
+    if (!mean->empty() && mean->size() != hd) throw FormatError("mean of the wrong length");
+  }
+  const bool any =
+      !key_orders.empty() || !value_orders.empty() || !key_means.empty() || !value_means.empty();
+  if (any && (state_block_ == nullptr || !format_->calibrates())) {
+    throw FormatError("calibration state for a GPU cache format that has none");
+  }
+  auto upload = [&](size_t offset, const void* data, size_t bytes) {
+    TURBOKV_CUDA_CHECK(cudaMemcpyAsync(state_block_ + offset, data, bytes, cudaMemcpyHostToDevice,
+                                       context_.stream()));
+  };
+  std::vector<int> k_host, v_host;  // [kv_heads, head_dim]
+  for (const auto& o : key_orders) k_host.insert(k_host.end(), o.begin(), o.end());
+  for (const auto& o : value_orders) v_host.insert(v_host.end(), o.begin(), o.end());
+  if (!k_host.empty()) {
+    upload(l.key_order, k_host.data(), k_host.size() * sizeof(int));
+    state_.key_order = reinterpret_cast<const int*>(state_block_ + l.key_order);
+  }
+  if (!v_host.empty()) {
+    upload(l.value_order, v_host.data(), v_host.size() * sizeof(int));
+    state_.value_order = reinterpret_cast<const int*>(state_block_ + l.value_order);
+  }
+  if (!key_means.empty()) {
+    upload(l.key_mean, key_means.data(), hd * 2);
+    state_.key_mean = reinterpret_cast<const __half*>(state_block_ + l.key_mean);
+  }
+  if (!value_means.empty()) {
+    upload(l.value_mean, value_means.data(), hd * 2);
+    state_.value_mean = reinterpret_cast<const __half*>(state_block_ + l.value_mean);
+  }
+  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));  // host may go away
   key_orders_ = key_orders;
   value_orders_ = value_orders;
   calibrated_ = true;
-  const int heads = kv_heads(), d = head_dim();
-  std::vector<int> host;  // [key orders][value orders], each [kv_heads, head_dim] when present
-  for (const auto* orders : {&key_orders_, &value_orders_}) {
-    for (const auto& o : *orders) {
-      if (int(o.size()) != d) throw FormatError("split channel order of the wrong length");
-      host.insert(host.end(), o.begin(), o.end());
-    }
-  }
-  state_ = TQSequenceState{};
-  if (host.empty()) return;
-  if (state_block_ == nullptr) {
-    state_bytes_ = align16(size_t(2) * heads * d * sizeof(int));
-    state_block_ = context_.pool().allocate(state_bytes_);
-  }
-  TURBOKV_CUDA_CHECK(cudaMemcpyAsync(state_block_, host.data(), host.size() * sizeof(int),
-                                     cudaMemcpyHostToDevice, context_.stream()));
-  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));  // host may go away
-  const int* p = reinterpret_cast<const int*>(state_block_);
-  if (!key_orders_.empty()) {
-    state_.key_order = p;
-    p += size_t(heads) * d;
-  }
-  if (!value_orders_.empty()) state_.value_order = p;
 }
 
 void DeviceKVCache::calibrate(const float* k, const float* v, int n) {
   if (!needs_calibration() || n <= 0) return;
-  const size_t count = size_t(n) * kv_heads() * head_dim();
+  const size_t row = size_t(kv_heads()) * head_dim();
+  const size_t count = size_t(n) * row;
   std::vector<float> hk(count), hv(count);
   TURBOKV_CUDA_CHECK(cudaMemcpyAsync(hk.data(), k, count * sizeof(float), cudaMemcpyDeviceToHost,
                                      context_.stream()));
@@ -206,31 +293,34 @@ void DeviceKVCache::calibrate(const float* k, const float* v, int n) {
                                      context_.stream()));
   TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
   // The CPU cache fixes its state from the same chunk with the same code; keep its state (its
-  // rows are not needed) and take the orders from it.
+  // rows are not needed) and take the orders and means from it. The sink rows it already holds
+  // stand in as zeros: they only place the chunk past them.
   state_host_ = format_->host_cache();
+  const int before = int(std::min<int64_t>(size_, format_->sink_tokens()));
+  if (before > 0) {
+    const std::vector<float> zeros(size_t(before) * row, 0.0f);
+    state_host_->append(zeros.data(), zeros.data(), before);
+  }
   state_host_->append(hk.data(), hv.data(), n);
-  state_host_->trim(n);
+  state_host_->trim(before + n);
   adopt_host_state();
 }
 
 void DeviceKVCache::adopt_host_state() {
   const auto* tq = dynamic_cast<const TurboQuantKVCache*>(state_host_.get());
-  if (tq != nullptr && format_->calibrates()) {
-    if (tq->calibrated()) {
-      set_orders(tq->key_channel_orders(), tq->value_channel_orders());
-      return;
-    }
+  if (tq != nullptr && format_->calibrates() && tq->calibrated()) {
+    set_calibration(tq->key_channel_orders(), tq->value_channel_orders(), tq->key_means(),
+                    tq->value_means());
+    return;
   }
-  calibrated_ = false;
-  key_orders_.clear();
-  value_orders_.clear();
-  state_ = TQSequenceState{};
+  clear_calibration();
 }
 
 std::shared_ptr<const KVRows> DeviceKVCache::copy_rows(int64_t first, int64_t n) const {
   check_rows(first, n);
+  // Sink rows live outside the blocks: rows that include them are copied.
   if (window_ == 0 && quantized_kv_start_ == 0 && n > 0 && first % kBlockTokens == 0 &&
-      n % kBlockTokens == 0) {
+      n % kBlockTokens == 0 && first >= format_->sink_tokens()) {
     std::vector<uint8_t*> shared(blocks_.begin() + first / kBlockTokens,
                                  blocks_.begin() + (first + n) / kBlockTokens);
     return std::make_shared<const DeviceKVRows>(context_.pool(), format_, std::move(shared), n);
@@ -241,7 +331,7 @@ std::shared_ptr<const KVRows> DeviceKVCache::copy_rows(int64_t first, int64_t n)
 void DeviceKVCache::append_rows(const KVRows& rows) {
   const auto* device = dynamic_cast<const DeviceKVRows*>(&rows);
   if (device == nullptr || device->format() != format_.get() || size_ % kBlockTokens != 0 ||
-      window_ > 0) {
+      window_ > 0 || size_ < format_->sink_tokens()) {
     KVCache::append_rows(rows);
     return;
   }
@@ -401,8 +491,18 @@ std::unique_ptr<KVCache> DeviceKVCache::download() const {
     TURBOKV_CUDA_CHECK(cudaMemcpyAsync(host.data() + i * bb, blocks_[i], bb,
                                        cudaMemcpyDeviceToHost, context_.stream()));
   }
+  std::vector<uint16_t> sinks;
+  const StateLayout l = state_layout(*format_);
+  if (l.sink_bytes > 0) {
+    sinks.resize(l.sink_bytes);  // two sections of sink_bytes / 2 halves each
+    TURBOKV_CUDA_CHECK(cudaMemcpyAsync(sinks.data(), state_block_ + l.sink_keys, l.sink_bytes,
+                                       cudaMemcpyDeviceToHost, context_.stream()));
+    TURBOKV_CUDA_CHECK(cudaMemcpyAsync(sinks.data() + l.sink_bytes / 2,
+                                       state_block_ + l.sink_values, l.sink_bytes,
+                                       cudaMemcpyDeviceToHost, context_.stream()));
+  }
   TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
-  return format_->to_host(host, size_, key_orders_, value_orders_);
+  return format_->to_host(host, size_, key_orders_, value_orders_, sinks);
 }
 
 std::unique_ptr<KVCache> DeviceKVCache::to_host() const {
@@ -461,6 +561,16 @@ void DeviceKVCache::upload_rows_of(const KVCache& host) {
   const size_t bb = format_->block_bytes();
   for (size_t i = 0; i < blocks.size() / bb; ++i) {
     TURBOKV_CUDA_CHECK(cudaMemcpyAsync(blocks_[i], blocks.data() + i * bb, bb,
+                                       cudaMemcpyHostToDevice, context_.stream()));
+  }
+  const std::vector<uint16_t> sinks = format_->sinks_from_host(host);
+  const StateLayout l = state_layout(*format_);
+  if (!sinks.empty()) {
+    if (sinks.size() * 2 != 2 * l.sink_bytes) throw FormatError("sink rows of the wrong size");
+    TURBOKV_CUDA_CHECK(cudaMemcpyAsync(state_block_ + l.sink_keys, sinks.data(), l.sink_bytes,
+                                       cudaMemcpyHostToDevice, context_.stream()));
+    TURBOKV_CUDA_CHECK(cudaMemcpyAsync(state_block_ + l.sink_values,
+                                       sinks.data() + l.sink_bytes / 2, l.sink_bytes,
                                        cudaMemcpyHostToDevice, context_.stream()));
   }
   TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));

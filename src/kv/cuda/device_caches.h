@@ -63,8 +63,18 @@ class DeviceFormat {
   virtual size_t block_bytes() const = 0;
   // Exact bytes of state per token (every KV head, keys and values): what nbytes() counts.
   virtual size_t bytes_per_token() const = 0;
-  // True when the cache fixes per-sequence state from its first chunk (split channel orders).
+  // True when the cache fixes per-sequence state from its first coded chunk (split channel
+  // orders, centering means).
   virtual bool calibrates() const { return false; }
+  // The first positions every sequence keeps as fp16 rows outside the blocks (TurboQuant sink
+  // tokens; TQSequenceState::sink_keys / sink_values).
+  virtual int sink_tokens() const { return 0; }
+  // Bytes a cache of `tokens` tokens holds, as the CPU cache's nbytes() counts them;
+  // calibrated: its per-sequence state is fixed.
+  virtual size_t nbytes(int64_t tokens, bool calibrated) const {
+    (void)calibrated;
+    return size_t(tokens) * bytes_per_token();
+  }
   // True when attend() needs an all-zero workspace (and leaves it so): the fused kernels.
   virtual bool zeroed_workspace() const { return false; }
 
@@ -81,15 +91,22 @@ class DeviceFormat {
   // Host conversions (save/load, tests): the blocks of one sequence, downloaded
   // ([n_blocks][block_bytes]), to a CPU cache of `tokens` tokens of the same configuration,
   // and back. orders: the split channel orders ([kv_heads][head_dim] keys, then values) or
-  // empty.
+  // empty. sinks: the fp16 sink rows ([keys, values][kv_heads][sink_tokens][head_dim], the
+  // first min(tokens, sink_tokens) rows of each head held) or empty. The CPU cache holds the
+  // rows; state that is not in them (means) comes with its read_state().
   virtual std::unique_ptr<KVCache> to_host(const std::vector<uint8_t>& blocks, int64_t tokens,
                                            const std::vector<std::vector<int>>& key_orders,
-                                           const std::vector<std::vector<int>>& value_orders)
-      const = 0;
+                                           const std::vector<std::vector<int>>& value_orders,
+                                           const std::vector<uint16_t>& sinks) const = 0;
   // An empty CPU cache of this configuration (what load() reads a record into).
   virtual std::unique_ptr<KVCache> host_cache() const = 0;
   // The blocks ([n_blocks][block_bytes], n_blocks = ceil(tokens / 256)) of a CPU cache.
   virtual std::vector<uint8_t> from_host(const KVCache& cache) const = 0;
+  // Its sink rows in to_host()'s layout (empty without sink tokens).
+  virtual std::vector<uint16_t> sinks_from_host(const KVCache& cache) const {
+    (void)cache;
+    return {};
+  }
 };
 
 // Tokens of a device cache held by reference: whole blocks of one format, shared with the
@@ -155,9 +172,10 @@ class DeviceKVCache : public KVCache {
   int window() const { return window_; }
   // Makes room for n more tokens: allocates blocks. Throws PoolExhausted.
   void reserve_tokens(int n);
-  // Before the first append of a calibrating format: fixes the split channel orders from the
-  // chunk's rows (device pointers [n, kv_heads, head_dim], downloaded and ranked by the CPU's
-  // choose_split_channels). A no-op once calibrated.
+  // Before each append of a calibrating format until it is calibrated: fixes the split channel
+  // orders and centering means from the chunk's rows (device pointers [n, kv_heads,
+  // head_dim], downloaded and given to a CPU cache of the same configuration, which fixes
+  // them once the chunk reaches past the sink tokens). A no-op once calibrated.
   void calibrate(const float* k, const float* v, int n);
   bool needs_calibration() const { return format_->calibrates() && !calibrated_; }
   // After the append kernels of n tokens are queued. A staged cache that reaches its
@@ -184,8 +202,14 @@ class DeviceKVCache : public KVCache {
   std::unique_ptr<KVCache> download() const;
   void adopt_host_state();
   void upload_rows_of(const KVCache& host);
-  void set_orders(const std::vector<std::vector<int>>& key_orders,
-                  const std::vector<std::vector<int>>& value_orders);
+  // The state block of the current format (orders, means, sink rows; none when it has no
+  // such state) and state_'s sink pointers.
+  void reset_state_storage();
+  void set_calibration(const std::vector<std::vector<int>>& key_orders,
+                       const std::vector<std::vector<int>>& value_orders,
+                       const std::vector<uint16_t>& key_means,
+                       const std::vector<uint16_t>& value_means);
+  void clear_calibration();
 
   DeviceCacheContext& context_;
   std::shared_ptr<const DeviceFormat> format_;
@@ -200,7 +224,9 @@ class DeviceKVCache : public KVCache {
   // tokens fixed): the source of write_state() and of the split channel orders.
   std::unique_ptr<KVCache> state_host_;
   std::vector<std::vector<int>> key_orders_, value_orders_;  // split codecs, once calibrated
-  uint8_t* state_block_ = nullptr;  // device copy of the orders (a pool block)
+  // Device copy of the orders and means, and the sink rows (a pool block; device_caches.cc
+  // StateLayout).
+  uint8_t* state_block_ = nullptr;
   size_t state_bytes_ = 0;
   TQSequenceState state_;
 };

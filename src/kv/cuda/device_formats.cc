@@ -94,7 +94,8 @@ class DenseDeviceFormat final : public DeviceFormat {
 
   std::unique_ptr<KVCache> to_host(const std::vector<uint8_t>& blocks, int64_t tokens,
                                    const std::vector<std::vector<int>>&,
-                                   const std::vector<std::vector<int>>&) const override {
+                                   const std::vector<std::vector<int>>&,
+                                   const std::vector<uint16_t>&) const override {
     auto cache = host_cache();
     const int heads = f_.kv_heads, d = f_.head_dim;
     const size_t es = kv_dtype_bytes(kv_dtype_of(f_.elem));
@@ -193,8 +194,9 @@ class FusedDenseDeviceFormat final : public DeviceFormat {
   std::unique_ptr<KVCache> host_cache() const override { return base_.host_cache(); }
   std::unique_ptr<KVCache> to_host(const std::vector<uint8_t>& blocks, int64_t tokens,
                                    const std::vector<std::vector<int>>& ko,
-                                   const std::vector<std::vector<int>>& vo) const override {
-    return base_.to_host(blocks, tokens, ko, vo);
+                                   const std::vector<std::vector<int>>& vo,
+                                   const std::vector<uint16_t>& sinks) const override {
+    return base_.to_host(blocks, tokens, ko, vo, sinks);
   }
   std::vector<uint8_t> from_host(const KVCache& host) const override {
     return base_.from_host(host);
@@ -269,7 +271,8 @@ class TQFusedDeviceFormat final : public DeviceFormat {
   }
   std::unique_ptr<KVCache> to_host(const std::vector<uint8_t>& blocks, int64_t tokens,
                                    const std::vector<std::vector<int>>&,
-                                   const std::vector<std::vector<int>>&) const override {
+                                   const std::vector<std::vector<int>>&,
+                                   const std::vector<uint16_t>&) const override {
     auto cache = std::make_unique<TurboQuantKVCache>(kv_heads_, 128, config_);
     const int n_blocks = int(blocks_for(tokens));
     const size_t kc = size_t(layout_.key_code_bytes()), vc = size_t(layout_.value_code_bytes());
@@ -332,18 +335,23 @@ std::string plan_key(const LayerCachePlan& p, DenseElem elem) {
     case LayerCacheKind::kTurboQuant:
       return str_cat("turboquant ", p.kv_heads, " ", p.head_dim, " ", p.turboquant.key_bits, " ",
                      p.turboquant.value_bits, " ", p.turboquant.seed, " ",
-                     p.turboquant.norm_correction);
+                     p.turboquant.norm_correction, " ", p.turboquant.center_keys, " ",
+                     p.turboquant.center_values, " ", p.turboquant.sink_tokens);
     case LayerCacheKind::kUniform:
       return str_cat("uniform ", p.kv_heads, " ", p.head_dim, " ", p.uniform.key_bits, " ",
-                     p.uniform.value_bits, " ", p.uniform.group_size);
+                     p.uniform.value_bits, " ", p.uniform.group_size, " ", p.uniform.hadamard, " ",
+                     p.uniform.hadamard ? p.uniform.seed : 0);
   }
   return "?";
 }
 
-
-// Integer key and value bits with a fused kernel, head_dim 128.
+// Integer key and value bits with a fused kernel, head_dim 128, no centering and no sink
+// tokens (those take the generic kernels, which implement them).
 bool has_fused_turboquant(const LayerCachePlan& p) {
   if (p.kind != LayerCacheKind::kTurboQuant || p.head_dim != 128) return false;
+  if (p.turboquant.center_keys || p.turboquant.center_values || p.turboquant.sink_tokens > 0) {
+    return false;
+  }
   const double kb = p.turboquant.key_bits, vb = p.turboquant.value_bits;
   return kb == double(int(kb)) && vb == double(int(vb)) &&
          tq_attention_supported(int(kb), int(vb));
@@ -357,17 +365,6 @@ std::string format_key(const LayerCachePlan& p, DenseElem elem, bool fused) {
 
 std::shared_ptr<const DeviceFormat> make_device_format(const LayerCachePlan& p, DenseElem elem,
                                                        bool fused) {
-  // Levers of the CPU caches the device kernels do not implement yet: refused by name rather
-  // than served with other arithmetic than the CPU's.
-  if (p.kind == LayerCacheKind::kTurboQuant &&
-      (p.turboquant.center_keys || p.turboquant.center_values || p.turboquant.sink_tokens > 0)) {
-    throw Unsupported("--device cuda: kv_centering and kv_sink_tokens have no GPU path yet; use "
-                      "--device cpu or leave them at none / 0");
-  }
-  if (p.kind == LayerCacheKind::kUniform && p.uniform.hadamard) {
-    throw Unsupported("--device cuda: the uniform cache with a Hadamard rotation has no GPU path "
-                      "yet; use --device cpu");
-  }
   switch (p.kind) {
     case LayerCacheKind::kDense:
       if (fused && elem == DenseElem::kF16 && p.head_dim == 128) {
