@@ -36,7 +36,8 @@ done
 if [ -n "$text" ]; then
   step "perplexity: GPU vs CPU (4 x 1024 tokens)"
   for kv in "--kv-bits 2.5" "--kv-bits 3" "--kv-bits 3.5" "--kv-bits 4 --kv-quant-scheme turboquant" \
-            "--kv-bits 4"; do
+            "--kv-bits 4" "--kv-bits 3.5 --kv-allocation none --kv-centering both --kv-sink-tokens 4" \
+            "--kv-bits 2.5 --kv-centering values --kv-sink-tokens 1" "--kv-bits 4 --kv-hadamard"; do
     for device in cuda cpu; do
       printf '%-45s %-5s ' "$kv" "$device"
       # shellcheck disable=SC2086
