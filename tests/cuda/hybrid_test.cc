@@ -648,6 +648,68 @@ TEST_F(HybridKernels, Qwen3_5MoeModelAgreesWithTheCpu) {
   EXPECT_LT(diff, 1e-4);
 }
 
+// gemma4 with keys-equal-values global layers of their own KV head count (attention_k_eq_v,
+// one KV head of 32): no v_proj, V = v_norm of the raw keys; random k_proj for those layers over
+// the fixture's other weights. GPU against CPU (the CPU against transformers: the
+// gemma4_text_k_eq_v fixture).
+TEST_F(HybridKernels, Gemma4KeysEqualValuesModelAgreesWithTheCpu) {
+  const std::string dir = fixture("hf-tiny/gemma4_text");
+  std::ifstream in(dir + "/config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  const int64_t H = config.at("hidden_size").get<int>();
+  config["attention_k_eq_v"] = true;
+  std::vector<int> global;
+  for (size_t l = 0; l < config.at("layer_types").size(); ++l) {
+    if (config["layer_types"][l] == "full_attention") global.push_back(int(l));
+  }
+  for (int l : global) {
+    config["per_layer_config"][std::to_string(l)] = {{"head_dim", 32}, {"num_key_value_heads", 1}};
+  }
+  const std::string tmp = ::testing::TempDir() + "/gemma4_k_eq_v";
+  std::filesystem::create_directories(tmp);
+  std::ofstream(tmp + "/config.json") << config.dump();
+  const SafetensorsFile src = SafetensorsFile::open(dir + "/model.safetensors");
+  std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>> ts;
+  uint64_t seed = 80;
+  for (const TensorView& t : src.tensors()) {
+    bool global_kv = false;
+    for (int l : global) {
+      const std::string a = "layers." + std::to_string(l) + ".self_attn.";
+      global_kv |= t.name.find(a + "k_proj") != std::string::npos ||
+                   t.name.find(a + "v_proj") != std::string::npos;
+    }
+    if (!global_kv) ts.push_back({t.name, {t.shape, SafetensorsFile::to_f32(t)}});
+  }
+  for (int l : global) {
+    ts.push_back({"model.layers." + std::to_string(l) + ".self_attn.k_proj.weight",
+                  {{32, H}, random_normal(size_t(32 * H), seed++, 0.1f)}});
+  }
+  write_safetensors(tmp + "/model.safetensors", ts);
+  std::unique_ptr<Model> cpu = Model::load(tmp);
+  ASSERT_TRUE(dynamic_cast<const DecoderModel&>(*cpu).config().attention[size_t(global[0])]
+                  .values_from_keys);
+  auto gpu = load_gpu(tmp);
+  const int V = cpu->info().vocab_size;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 24; ++i) ids.push_back((i * 47 + 5) % V);
+  std::vector<float> want(ids.size() * size_t(V)), got(want.size());
+  LayerCaches cc = make_layer_caches(cpu->layer_specs(), ResolvedKV{}, KVDType::kF32);
+  LayerCaches gc = gpu->make_caches(ResolvedKV{}, DenseElem::kF32);
+  Model::Chunk a{ids.data(), 18, &cc, want.data(), true};
+  Model::Chunk b{ids.data(), 18, &gc, got.data(), true};
+  cpu->forward({&a, 1});
+  gpu->forward({&b, 1});
+  for (int i = 18; i < 24; ++i) {
+    Model::Chunk sa{ids.data() + i, 1, &cc, want.data() + size_t(i) * V, true};
+    Model::Chunk sb{ids.data() + i, 1, &gc, got.data() + size_t(i) * V, true};
+    cpu->forward({&sa, 1});
+    gpu->forward({&sb, 1});
+  }
+  const double diff = max_abs_diff(got, want);
+  std::printf("  gemma4 keys = values: largest logit difference GPU vs CPU %.3g\n", diff);
+  EXPECT_LT(diff, 1e-4);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, HybridGolden,
                          ::testing::Values("qwen3_5_text", "gemma4_text", "deepseek_v3"));
 
