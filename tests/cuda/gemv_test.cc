@@ -116,6 +116,35 @@ TEST_F(CudaGemv, Fp32InputEqualsCastThenGemv) {
   }
 }
 
+// The gate/up GEMV with the activation equals gemv into [m, 2 inter] then gated_activation,
+// bit for bit, with and without biases, SiLU and GELU-tanh.
+TEST_F(CudaGemv, GatedEqualsGemvThenActivation) {
+  for (Elem e : {Elem::kBF16, Elem::kF16}) {
+    for (Activation act : {Activation::kSilu, Activation::kGeluTanh}) {
+      for (bool biases : {false, true}) {
+        const int64_t m = 3, inter = 45, k = 1024;
+        const std::vector<uint16_t> x = narrow(testing::random_normal(size_t(m * k), 7), e);
+        const std::vector<uint16_t> w =
+            narrow(testing::random_normal(size_t(2 * inter * k), 8, 0.05f), e);
+        auto d_x = DeviceBuffer<uint16_t>::upload(x);
+        auto d_w = DeviceBuffer<uint16_t>::upload(w);
+        auto gb = DeviceBuffer<float>::upload(testing::random_normal(size_t(inter), 9, 0.3f));
+        auto ub = DeviceBuffer<float>::upload(testing::random_normal(size_t(inter), 10, 0.3f));
+        const float* gbp = biases ? gb.data() : nullptr;
+        const float* ubp = biases ? ub.data() : nullptr;
+        DeviceBuffer<uint16_t> fused(size_t(m * inter)), plain(size_t(m * inter));
+        DeviceBuffer<float> gate_up(size_t(m * 2 * inter));
+        gemv_gated(d_x.data(), d_w.data(), e, m, inter, k, gbp, ubp, act, fused.data(), nullptr);
+        gemv(d_x.data(), d_w.data(), e, m, 2 * inter, k, gate_up.data(), 2 * inter, false,
+             nullptr);
+        gated_activation(gate_up.data(), m, inter, gbp, ubp, act, plain.data(), e, nullptr);
+        TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
+        EXPECT_EQ(fused.download(), plain.download()) << int(e) << " " << int(act) << biases;
+      }
+    }
+  }
+}
+
 TEST(CudaGemvArgs, RejectsWhatItCannotTake) {
   alignas(16) static uint16_t buffer[64];
   EXPECT_FALSE(gemv_supported(buffer, buffer, Elem::kF32, 1, 8));

@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
@@ -31,9 +33,8 @@ __device__ __forceinline__ float2 widen2<__nv_bfloat16>(uint32_t u) {
 }
 template <>
 __device__ __forceinline__ float2 widen2<__half>(uint32_t u) {
-  __half2 h;
-  memcpy(&h, &u, 4);
-  return __half22float2(h);
+  return make_float2(__half2float(__ushort_as_half(uint16_t(u & 0xffffu))),
+                     __half2float(__ushort_as_half(uint16_t(u >> 16))));
 }
 
 // Two floats rounded to T (as cast() rounds them), packed low element first.
@@ -124,6 +125,80 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// Row `row` of w against the M rows of x: each lane's partial sums in the order of gemv_kernel,
+// then the same shuffle tree (every lane gets the sums).
+template <typename T, int M>
+__device__ __forceinline__ void row_dots(const void* x, const T* w, int64_t row, int64_t k,
+                                         int lane, float (&acc)[M]) {
+  const int64_t chunks = k / 8;
+  const uint4* wr = reinterpret_cast<const uint4*>(w + row * k);
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = 0;
+  int64_t c = lane;
+  for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
+    uint4 wv[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) wv[u] = load_stream(wr + c + 32 * u);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        acc[m] = dot8<T>(wv[u], x_chunk<T, false>(x, m * chunks + c + 32 * u), acc[m]);
+      }
+    }
+  }
+  for (; c < chunks; c += 32) {
+    const uint4 wv = load_stream(wr + c);
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[m] = dot8<T>(wv, x_chunk<T, false>(x, m * chunks + c), acc[m]);
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    float s = acc[m];
+    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+    acc[m] = s;
+  }
+}
+
+// One warp per intermediate column i: gate row i and up row i of w [2 inter, k], then
+// act(gate + gate_bias) * (up + up_bias) narrowed to T (gated_activation's arithmetic).
+template <typename T, int M>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_gated_kernel(const void* __restrict__ x, const T* __restrict__ w, int64_t inter,
+                      int64_t k, const float* gate_bias, const float* up_bias, Activation act,
+                      T* __restrict__ out) {
+  pdl_wait();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t i = int64_t(blockIdx.x) * kWarps + warp;
+  if (i >= inter) return;
+  float g[M], u[M];
+  row_dots<T, M>(x, w, i, k, lane, g);
+  row_dots<T, M>(x, w, inter + i, k, lane, u);
+  pdl_release();
+  if (lane < M) {
+    float gs = g[0], us = u[0];
+#pragma unroll
+    for (int m = 1; m < M; ++m) {
+      gs = lane == m ? g[m] : gs;
+      us = lane == m ? u[m] : us;
+    }
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+    const float gv = gs + (gate_bias != nullptr ? gate_bias[i] : 0.0f);
+    const float uv = us + (up_bias != nullptr ? up_bias[i] : 0.0f);
+    const float a =
+        act == Activation::kSilu
+            ? gv / (1.0f + expf(-gv))
+            : 0.5f * gv * (1.0f + tanhf(kSqrt2OverPi * (gv + 0.044715f * gv * gv * gv)));
+    const float y = a * uv;
+    T* o = out + int64_t(lane) * inter + i;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      *o = __float2bfloat16_rn(y);
+    } else {
+      *o = __float2half_rn(y);
+    }
+  }
+}
+
 template <typename T, bool kF32Input>
 void launch(const void* x, const void* w, int64_t m, int64_t n, int64_t k, float* y, int64_t ldy,
             bool accumulate, cudaStream_t stream) {
@@ -189,6 +264,51 @@ void gemv(const void* x, const void* w, Elem elem, int64_t m, int64_t n, int64_t
 void gemv_f32_input(const float* x, const void* w, Elem elem, int64_t m, int64_t n, int64_t k,
                     float* y, int64_t ldy, bool accumulate, cudaStream_t stream) {
   run(x, true, w, elem, m, n, k, y, ldy, accumulate, stream);
+}
+
+namespace {
+
+template <typename T>
+void launch_gated(const void* x, const void* w, int64_t m, int64_t inter, int64_t k,
+                  const float* gate_bias, const float* up_bias, Activation act, void* out,
+                  cudaStream_t stream) {
+  const dim3 blocks(unsigned((inter + kWarps - 1) / kWarps));
+  const T* wt = static_cast<const T*>(w);
+  T* o = static_cast<T*>(out);
+  switch (m) {
+#define TURBOKV_GATED_CASE(M)                                                                \
+  case M:                                                                                    \
+    launch_pdl(gemv_gated_kernel<T, M>, blocks, dim3(kWarps * 32), 0, stream, x, wt, inter, \
+               k, gate_bias, up_bias, act, o);                                               \
+    break;
+    TURBOKV_GATED_CASE(1)
+    TURBOKV_GATED_CASE(2)
+    TURBOKV_GATED_CASE(3)
+    TURBOKV_GATED_CASE(4)
+    TURBOKV_GATED_CASE(5)
+    TURBOKV_GATED_CASE(6)
+    TURBOKV_GATED_CASE(7)
+    TURBOKV_GATED_CASE(8)
+#undef TURBOKV_GATED_CASE
+  }
+}
+
+}  // namespace
+
+void gemv_gated(const void* x, const void* w, Elem elem, int64_t m, int64_t inter, int64_t k,
+                const float* gate_bias, const float* up_bias, Activation act, void* out,
+                cudaStream_t stream) {
+  if (inter == 0) return;
+  if (!gemv_supported(x, w, elem, m, k) || inter < 0 || inter > (int64_t(1) << 35)) {
+    throw InvalidArgument(str_cat("gemv_gated: m ", m, ", inter ", inter, ", k ", k,
+                                  ": needs fp16/bf16, m 1..", kGemvMaxRows,
+                                  ", k a multiple of 8 and 16-B aligned operands"));
+  }
+  if (elem == Elem::kBF16) {
+    launch_gated<__nv_bfloat16>(x, w, m, inter, k, gate_bias, up_bias, act, out, stream);
+  } else {
+    launch_gated<__half>(x, w, m, inter, k, gate_bias, up_bias, act, out, stream);
+  }
 }
 
 }  // namespace turbokv::cuda

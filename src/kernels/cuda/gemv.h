@@ -33,4 +33,12 @@ void gemv(const void* x, const void* w, Elem elem, int64_t m, int64_t n, int64_t
 void gemv_f32_input(const float* x, const void* w, Elem elem, int64_t m, int64_t n, int64_t k,
                     float* y, int64_t ldy, bool accumulate, cudaStream_t stream);
 
+// The gate/up product of a gated MLP and its activation in one kernel: with w [2 inter, k] (gate
+// rows, then up rows), out [m, inter] in elem = act(x · w_gateᵀ + gate_bias) * (x · w_upᵀ +
+// up_bias), the same values as gemv into [m, 2 inter] followed by gated_activation (biases
+// optional).
+void gemv_gated(const void* x, const void* w, Elem elem, int64_t m, int64_t inter, int64_t k,
+                const float* gate_bias, const float* up_bias, Activation act, void* out,
+                cudaStream_t stream);
+
 }  // namespace turbokv::cuda

@@ -330,6 +330,7 @@ struct CudaDecoderModel::Impl {
   int64_t max_tokens = 0;
   DeviceBuffer<float> x, norm32, qkv, q, k, v, attn, out, gate_up, mlp_out, logits;
   DeviceBuffer<uint8_t> narrow;  // GEMM inputs in the weights' element type
+  DeviceBuffer<uint8_t> act_narrow;  // [T, I]: the MLP activation from gemv_gated
   DeviceBuffer<float> router_logits, moe_out, expert_x, expert_gate_up, expert_out;
   DeviceBuffer<uint8_t> expert_narrow;
   DeviceBuffer<int32_t> expert_ids, expert_rows;
@@ -566,6 +567,7 @@ CudaDecoderModel::CudaDecoderModel(std::unique_ptr<DecoderModel> host,
   m.gate_up = DeviceBuffer<float>(size_t(T * 2 * std::max<int64_t>(inter, 1)));
   m.mlp_out = DeviceBuffer<float>(size_t(T * H));
   m.narrow = DeviceBuffer<uint8_t>(size_t(T * widest) * 4);
+  m.act_narrow = DeviceBuffer<uint8_t>(size_t(T * std::max<int64_t>(inter, 1)) * 4);
   bool any_quantized = m.embed.quantized() || m.lm_head->quantized();
   for (const DeviceLayer& d : m.layers) {
     any_quantized = any_quantized || d.qkv.quantized() || d.o.quantized() ||
@@ -915,15 +917,24 @@ void CudaDecoderModel::Impl::run_layers(const ModelConfig& c, const DecoderModel
           fuse_norms ? residual_norm_for(mlp.gate_up, x.data(), out.data(), T, H,
                                          or_null(L.o_bias), ffn_norm, eps)
                      : norm_for(mlp.gate_up, x.data(), T, H, ffn_norm, eps);
-      linear(mlp.gate_up, x32, xn, T, gate_up.data(), 2 * mlp.inter);
-      if (mlp.down.quantized()) {
-        gated_activation(gate_up.data(), T, mlp.inter, or_null(mlp.gate_bias),
-                         or_null(mlp.up_bias), c.activation, act32.data(), Elem::kF32, s);
-        linear(mlp.down, act32.data(), nullptr, T, mlp_out.data(), H);
+      if (xn != nullptr && !mlp.down.quantized() && mlp.down.elem == mlp.gate_up.elem &&
+          gemm->uses_gemv() && gemv_supported(xn, mlp.gate_up.ptr(), mlp.gate_up.elem, T, H)) {
+        // Decode: the gate/up GEMV writes the activation itself.
+        gemv_gated(xn, mlp.gate_up.ptr(), mlp.gate_up.elem, T, mlp.inter, H,
+                   or_null(mlp.gate_bias), or_null(mlp.up_bias), c.activation,
+                   act_narrow.data(), s);
+        linear(mlp.down, nullptr, act_narrow.data(), T, mlp_out.data(), H);
       } else {
-        gated_activation(gate_up.data(), T, mlp.inter, or_null(mlp.gate_bias),
-                         or_null(mlp.up_bias), c.activation, narrow.data(), mlp.down.elem, s);
-        linear(mlp.down, nullptr, narrow.data(), T, mlp_out.data(), H);
+        linear(mlp.gate_up, x32, xn, T, gate_up.data(), 2 * mlp.inter);
+        if (mlp.down.quantized()) {
+          gated_activation(gate_up.data(), T, mlp.inter, or_null(mlp.gate_bias),
+                           or_null(mlp.up_bias), c.activation, act32.data(), Elem::kF32, s);
+          linear(mlp.down, act32.data(), nullptr, T, mlp_out.data(), H);
+        } else {
+          gated_activation(gate_up.data(), T, mlp.inter, or_null(mlp.gate_bias),
+                           or_null(mlp.up_bias), c.activation, narrow.data(), mlp.down.elem, s);
+          linear(mlp.down, nullptr, narrow.data(), T, mlp_out.data(), H);
+        }
       }
       if (post_ffn == nullptr && l + 1 < c.num_layers) {
         const DeviceLayer& next = layers[size_t(l) + 1];
