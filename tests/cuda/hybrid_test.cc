@@ -16,9 +16,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -101,7 +101,8 @@ DeltaCase make_case(int dk, int dv, int64_t T, uint64_t seed) {
   std::vector<float> a = random_normal(size_t(T * 4), seed + 1);
   std::vector<float> b = random_normal(size_t(T * 4), seed + 2);
   const std::vector<float> a_log = {-0.5f, 0.1f, 0.3f, -1.0f}, dt_bias = {0.2f, -0.1f, 0.0f, 0.5f};
-  turbokv::gated_delta_prepare(c.qkv.data(), a.data(), b.data(), T, c.shape, a_log.data(), dt_bias.data());
+  turbokv::gated_delta_prepare(c.qkv.data(), a.data(), b.data(), T, c.shape, a_log.data(),
+                               dt_bias.data());
   c.g = a;
   c.beta = b;
   return c;
@@ -110,8 +111,8 @@ DeltaCase make_case(int dk, int dv, int64_t T, uint64_t seed) {
 GatedDeltaInputs host_inputs(const DeltaCase& c, int64_t t0, int64_t n) {
   const int64_t key_dim = int64_t(c.shape.key_heads) * c.shape.k_dim, w = c.width();
   const float* base = c.qkv.data() + t0 * w;
-  return GatedDeltaInputs{base,  base + key_dim, base + 2 * key_dim, w, w,
-                          c.g.data() + t0 * 4, c.beta.data() + t0 * 4, n};
+  return GatedDeltaInputs{base, base + key_dim,      base + 2 * key_dim,     w,
+                          w,    c.g.data() + t0 * 4, c.beta.data() + t0 * 4, n};
 }
 
 // Prefill of 37 tokens token by token, then two single-token steps, on one device state,
@@ -139,7 +140,7 @@ TEST_P(GatedDeltaKernels, RecurrentKernelMatchesTheReference) {
     in.T = n;
     gated_delta_recurrent(in, dims, state.data(), out.data() + t0 * 4 * dv, nullptr);
     turbokv::gated_delta_ref(host_inputs(c, t0, n), c.shape, ref_state.data(),
-                    ref_out.data() + t0 * 4 * dv);
+                             ref_out.data() + t0 * 4 * dv);
   }
   TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_LT(max_abs_diff(out.download(), ref_out), 2e-5);
@@ -182,9 +183,10 @@ TEST_F(HybridKernels, ConvPrepareAndGatedNormMatchTheCpuSteps) {
     DeviceBuffer<float> d_alog = DeviceBuffer<float>::upload(a_log);
     DeviceBuffer<float> d_dt = DeviceBuffer<float>::upload(dt_bias);
     std::vector<float> qkv = want;
-    turbokv::gated_delta_prepare(qkv.data(), a.data(), b.data(), T, shape, a_log.data(), dt_bias.data());
-    gated_delta_prepare(d_qkv.data(), d_a.data(), d_b.data(), T, dims, d_alog.data(),
-                        d_dt.data(), nullptr);
+    turbokv::gated_delta_prepare(qkv.data(), a.data(), b.data(), T, shape, a_log.data(),
+                                 dt_bias.data());
+    gated_delta_prepare(d_qkv.data(), d_a.data(), d_b.data(), T, dims, d_alog.data(), d_dt.data(),
+                        nullptr);
     TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_LT(max_abs_diff(d_qkv.download(), qkv), 1e-5) << "prepare q, k";
     EXPECT_LT(max_abs_diff(d_a.download(), a), 1e-5) << "prepare g";
@@ -193,7 +195,8 @@ TEST_F(HybridKernels, ConvPrepareAndGatedNormMatchTheCpuSteps) {
     std::vector<float> core = random_normal(size_t(T) * 64, 30);
     const std::vector<float> z = random_normal(core.size(), 31), nw = random_normal(16, 32);
     DeviceBuffer<float> d_core = DeviceBuffer<float>::upload(core);
-    DeviceBuffer<float> d_z = DeviceBuffer<float>::upload(z), d_nw = DeviceBuffer<float>::upload(nw);
+    DeviceBuffer<float> d_z = DeviceBuffer<float>::upload(z),
+                        d_nw = DeviceBuffer<float>::upload(nw);
     turbokv::gated_rms_norm(core.data(), z.data(), T * 4, 16, nw.data(), 1e-6f);
     gated_rms_norm(d_core.data(), d_z.data(), T * 4, 16, d_nw.data(), 1e-6f, nullptr);
     TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
@@ -283,8 +286,9 @@ TEST_F(HybridKernels, WideLatentCacheAttendsAsTheCpuDenseCache) {
       }
     }
     EXPECT_EQ(gpu.nbytes(), size_t(gpu.size()) * d * (elem == DenseElem::kF32 ? 4 : 2));
-    EXPECT_THROW(gpu.append(random_normal(size_t(d), 1).data(), random_normal(size_t(d), 2).data(), 1),
-                 InvalidArgument);
+    EXPECT_THROW(
+        gpu.append(random_normal(size_t(d), 1).data(), random_normal(size_t(d), 2).data(), 1),
+        InvalidArgument);
     ByteWriter w;
     EXPECT_THROW(gpu.save(w), Unsupported);
   }
@@ -430,8 +434,8 @@ TEST_P(HybridGolden, LayerPrefixesAgreeWithTheCpu) {
     nlohmann::json cut = full;
     cut["num_hidden_layers"] = n;
     if (cut.contains("layer_types") && cut["layer_types"].is_array()) {
-      cut["layer_types"] = std::vector<std::string>(cut["layer_types"].begin(),
-                                                    cut["layer_types"].begin() + n);
+      cut["layer_types"] =
+          std::vector<std::string>(cut["layer_types"].begin(), cut["layer_types"].begin() + n);
     }
     if (n < layers && cut.contains("num_kv_shared_layers")) {
       cut["num_kv_shared_layers"] = 0;
@@ -462,8 +466,7 @@ TEST_P(HybridGolden, LayerPrefixesAgreeWithTheCpu) {
       d = std::max(d, double(std::abs(got[i] - want[i])));
     }
     std::printf("  %s, first %d layers (last: %s): GPU vs CPU prefill %.3g, decode %.3g\n",
-                GetParam(), n,
-                layer_kind_name(cpu_config_kind(*cpu, n - 1)), prefill, decode);
+                GetParam(), n, layer_kind_name(cpu_config_kind(*cpu, n - 1)), prefill, decode);
     EXPECT_LT(std::max(prefill, decode), 1e-4) << "first " << n << " layers";
   }
 }
@@ -495,14 +498,16 @@ TEST_P(HybridGolden, PerplexityWithTurboQuantMatchesTheCpu) {
 }
 
 // Writes tensors (fp32, row-major) as a safetensors file.
-void write_safetensors(const std::string& path,
-                       const std::vector<std::pair<std::string, std::pair<std::vector<int64_t>,
-                                                                          std::vector<float>>>>& ts) {
+void write_safetensors(
+    const std::string& path,
+    const std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>>&
+        ts) {
   nlohmann::json header = nlohmann::json::object();
   size_t offset = 0;
   for (const auto& [name, t] : ts) {
     const size_t bytes = t.second.size() * sizeof(float);
-    header[name] = {{"dtype", "F32"}, {"shape", t.first}, {"data_offsets", {offset, offset + bytes}}};
+    header[name] = {
+        {"dtype", "F32"}, {"shape", t.first}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string text = header.dump();
@@ -686,7 +691,9 @@ TEST_F(HybridKernels, Gemma4KeysEqualValuesModelAgreesWithTheCpu) {
   }
   write_safetensors(tmp + "/model.safetensors", ts);
   std::unique_ptr<Model> cpu = Model::load(tmp);
-  ASSERT_TRUE(dynamic_cast<const DecoderModel&>(*cpu).config().attention[size_t(global[0])]
+  ASSERT_TRUE(dynamic_cast<const DecoderModel&>(*cpu)
+                  .config()
+                  .attention[size_t(global[0])]
                   .values_from_keys);
   auto gpu = load_gpu(tmp);
   const int V = cpu->info().vocab_size;
@@ -716,7 +723,15 @@ INSTANTIATE_TEST_SUITE_P(Families, HybridGolden,
 // ------------------------------------------------------------------------- refusals
 
 TEST_F(HybridKernels, RecurrentStateRefusesTrimSaveAndSharing) {
-  DeviceRecurrentState state(RecurrentShape{96, 3, 4, 16, 16});
+  DeviceCacheContext context(size_t(64) << 20, nullptr);
+  const size_t used = context.pool().stats().used_bytes;
+  auto owned = std::make_unique<DeviceRecurrentState>(RecurrentShape{96, 3, 4, 16, 16}, context);
+  DeviceRecurrentState& state = *owned;
+  EXPECT_GT(context.pool().stats().used_bytes, used);  // the state is a block of the KV pool
+  std::vector<float> zero(4 * 16 * 16);
+  TURBOKV_CUDA_CHECK(
+      cudaMemcpy(zero.data(), state.state(), zero.size() * 4, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(zero, std::vector<float>(zero.size(), 0.0f));
   EXPECT_EQ(state.state_bytes(), (96u * 3 + 4u * 16 * 16) * sizeof(float));
   EXPECT_EQ(state.nbytes(), 0u);
   state.trim(0);
@@ -725,7 +740,9 @@ TEST_F(HybridKernels, RecurrentStateRefusesTrimSaveAndSharing) {
   ByteWriter w;
   EXPECT_THROW(state.save(w), Unsupported);
   EXPECT_THROW(state.copy_rows(0, 5), Unsupported);
-  EXPECT_THROW(DeviceRecurrentState(RecurrentShape{0, 3, 4, 16, 16}), InvalidArgument);
+  EXPECT_THROW(DeviceRecurrentState(RecurrentShape{0, 3, 4, 16, 16}, context), InvalidArgument);
+  owned.reset();
+  EXPECT_EQ(context.pool().stats().used_bytes, used);
 }
 
 }  // namespace

@@ -20,8 +20,9 @@ DeviceLatentCache::DeviceLatentCache(int dim, DenseElem elem, cudaStream_t strea
 }
 
 std::string DeviceLatentCache::type_name() const {
-  return dense_ == DenseElem::kF32 ? "dense-f32" : dense_ == DenseElem::kF16 ? "dense-f16"
-                                                                             : "dense-bf16";
+  return dense_ == DenseElem::kF32   ? "dense-f32"
+         : dense_ == DenseElem::kF16 ? "dense-f16"
+                                     : "dense-bf16";
 }
 
 void DeviceLatentCache::append_device(const float* rows, int n) {

@@ -2,20 +2,39 @@
 #include "model/cuda/device_recurrent_state.h"
 
 #include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
 
 namespace turbokv::cuda {
 
-DeviceRecurrentState::DeviceRecurrentState(const RecurrentShape& shape) : shape_(shape) {
+DeviceRecurrentState::DeviceRecurrentState(const RecurrentShape& shape, DeviceCacheContext& context)
+    : shape_(shape), context_(context) {
   if (shape.conv_channels < 1 || shape.conv_history < 0 || shape.heads < 1 || shape.k_dim < 1 ||
       shape.v_dim < 1) {
     throw InvalidArgument(str_cat("recurrent state shape: conv ", shape.conv_channels, " x ",
                                   shape.conv_history, ", heads ", shape.heads, " of ", shape.k_dim,
                                   " x ", shape.v_dim, " (all must be positive)"));
   }
-  conv_ = DeviceBuffer<float>(size_t(shape.conv_history) * size_t(shape.conv_channels));
-  state_ = DeviceBuffer<float>(size_t(shape.heads) * size_t(shape.k_dim) * size_t(shape.v_dim));
-  conv_.zero();
-  state_.zero();
+  conv_floats_ = size_t(shape.conv_history) * size_t(shape.conv_channels);
+  state_floats_ = size_t(shape.heads) * size_t(shape.k_dim) * size_t(shape.v_dim);
+  const size_t conv_bytes = (conv_floats_ * sizeof(float) + 15) / 16 * 16;
+  const size_t bytes = conv_bytes + (state_floats_ * sizeof(float) + 15) / 16 * 16;
+  uint8_t* base = nullptr;
+  if (bytes <= DeviceBlockPool::kChunkBytes) {
+    base = block_ = context.pool().allocate(bytes);
+    block_bytes_ = bytes;
+  } else {
+    own_ = DeviceBuffer<uint8_t>(bytes);
+    base = own_.data();
+  }
+  conv_ = reinterpret_cast<float*>(base);
+  state_ = reinterpret_cast<float*>(base + conv_bytes);
+  // A fresh sequence starts from zero (pool blocks come uninitialized).
+  TURBOKV_CUDA_CHECK(cudaMemsetAsync(base, 0, bytes, context.stream()));
+  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context.stream()));
+}
+
+DeviceRecurrentState::~DeviceRecurrentState() {
+  if (block_ != nullptr) context_.pool().release(block_, block_bytes_);
 }
 
 void DeviceRecurrentState::append(const float*, const float*, int) {

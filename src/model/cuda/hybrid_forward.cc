@@ -42,10 +42,14 @@ struct DenseMatrix {
 
 Elem elem_of(DType d, const char* what) {
   switch (d) {
-    case DType::F32: return Elem::kF32;
-    case DType::F16: return Elem::kF16;
-    case DType::BF16: return Elem::kBF16;
-    default: break;
+    case DType::F32:
+      return Elem::kF32;
+    case DType::F16:
+      return Elem::kF16;
+    case DType::BF16:
+      return Elem::kBF16;
+    default:
+      break;
   }
   throw Unsupported(str_cat("--device cuda: ", what, " weights of dtype ", dtype_name(d),
                             " have no GPU path for this model (F32, F16, BF16 are supported)"));
@@ -58,7 +62,8 @@ DenseMatrix upload(std::initializer_list<const WeightMatrix*> parts, size_t* tot
   m.cols = first.cols;
   for (const WeightMatrix* p : parts) {
     if (p->format != WeightFormat::kDense) {
-      throw Unsupported(str_cat("--device cuda: quantized weights of ", "this model family have "
+      throw Unsupported(str_cat("--device cuda: quantized weights of ",
+                                "this model family have "
                                 "no GPU path yet (dense F32, F16, BF16 weights do)"));
     }
     if (p->cols != m.cols || p->dtype != first.dtype) {
@@ -85,7 +90,9 @@ DeviceBuffer<float> upload(const std::vector<float>& v, size_t* total) {
   return DeviceBuffer<float>::upload(v);
 }
 
-const float* or_null(const DeviceBuffer<float>& b) { return b.size() > 0 ? b.data() : nullptr; }
+const float* or_null(const DeviceBuffer<float>& b) {
+  return b.size() > 0 ? b.data() : nullptr;
+}
 
 float round_to(float v, DType dtype) {
   if (dtype == DType::BF16) return bf16_to_f32(f32_to_bf16(v));
@@ -111,8 +118,7 @@ Mlp upload_mlp(const MlpWeights& w, size_t* total) {
 }
 
 struct Layer {
-  DeviceBuffer<float> input_norm, post_attention_norm, pre_feedforward_norm,
-      post_feedforward_norm;
+  DeviceBuffer<float> input_norm, post_attention_norm, pre_feedforward_norm, post_feedforward_norm;
   // Attention.
   DeviceBuffer<float> q_norm, k_norm, qkv_bias, o_bias;
   DenseMatrix q, k, v, o;
@@ -161,10 +167,48 @@ class Scratch {
 };
 
 enum Slot : int {
-  kX, kNorm, kOut, kQkv, kQg, kGate, kQ, kK, kV, kAttn, kNarrow, kMixed, kConv, kZ, kA, kB, kCore,
-  kLatent, kTmp, kTmp2, kRopeIn, kQl, kAtt, kOv, kGateUp, kAct, kMlpOut, kRouter, kMoeOut,
-  kExpertX, kExpertGateUp, kExpertAct, kExpertOut, kPli, kPliTok, kPliGate, kPliAct, kBranch,
-  kLogits, kOnes, kWorkspace, kSmall,
+  kX,
+  kNorm,
+  kOut,
+  kQkv,
+  kQg,
+  kGate,
+  kQ,
+  kK,
+  kV,
+  kAttn,
+  kNarrow,
+  kMixed,
+  kConv,
+  kZ,
+  kA,
+  kB,
+  kCore,
+  kLatent,
+  kTmp,
+  kTmp2,
+  kRopeIn,
+  kQl,
+  kAtt,
+  kOv,
+  kGateUp,
+  kAct,
+  kMlpOut,
+  kRouter,
+  kMoeOut,
+  kExpertX,
+  kExpertGateUp,
+  kExpertAct,
+  kExpertOut,
+  kPli,
+  kPliTok,
+  kPliGate,
+  kPliAct,
+  kBranch,
+  kLogits,
+  kOnes,
+  kWorkspace,
+  kSmall,
 };
 
 DeviceKVCache& device_kv(KVCache* cache, int layer) {
@@ -224,7 +268,9 @@ struct HybridForward::Impl {
   Impl(const DecoderModel& h, cudaStream_t s, const Gemm& g, int max_step_tokens)
       : host(h), c(h.config()), stream(s), gemm(g), max_tokens(max_step_tokens) {}
 
-  float* buf(int slot, int64_t count) { return scratch.get(slot, std::max<int64_t>(count, 1), stream); }
+  float* buf(int slot, int64_t count) {
+    return scratch.get(slot, std::max<int64_t>(count, 1), stream);
+  }
 
   void upload_weights();
   const Rope& rope(bool local, int dim);
@@ -357,7 +403,8 @@ void HybridForward::Impl::upload_weights() {
       if (W.moe->shared_expert) {
         d.shared_expert = true;
         d.shared = upload_mlp(*W.moe->shared_expert, total);
-        if (W.moe->shared_gate.data != nullptr) d.shared_gate = upload({&W.moe->shared_gate}, total);
+        if (W.moe->shared_gate.data != nullptr)
+          d.shared_gate = upload({&W.moe->shared_gate}, total);
       }
     } else {
       d.mlp = upload_mlp(W.mlp, total);
@@ -419,8 +466,7 @@ void HybridForward::Impl::attend(const DeviceKVCache& cache, const float* q, int
   std::memcpy(blob.data() + off_qs, q_start, sizeof(q_start));
   std::memcpy(blob.data() + off_state, &st, sizeof(st));
   uint8_t* base = reinterpret_cast<uint8_t*>(buf(kSmall, int64_t(bytes / 4) + 4));
-  TURBOKV_CUDA_CHECK(
-      cudaMemcpyAsync(base, blob.data(), bytes, cudaMemcpyHostToDevice, stream));
+  TURBOKV_CUDA_CHECK(cudaMemcpyAsync(base, blob.data(), bytes, cudaMemcpyHostToDevice, stream));
   batch.block_table = reinterpret_cast<const uint8_t* const*>(base);
   batch.seq_len = reinterpret_cast<const int*>(base + off_len);
   rows.q_start = reinterpret_cast<const int*>(base + off_qs);
@@ -499,7 +545,8 @@ void HybridForward::Impl::attention_layer(int l, const std::vector<SequenceRows>
     } else {
       const auto* shared = dynamic_cast<const SharedKVCache*>(s.cache);
       if (shared == nullptr) {
-        throw InvalidArgument(str_cat("layer ", l, ": a KV-shared layer needs a shared view (got a ",
+        throw InvalidArgument(str_cat("layer ", l,
+                                      ": a KV-shared layer needs a shared view (got a ",
                                       s.cache->type_name(), " cache)"));
       }
       const auto* owner = dynamic_cast<const DeviceKVCache*>(&shared->owner());
@@ -535,9 +582,10 @@ void HybridForward::Impl::linear_attention_layer(int l, const std::vector<Sequen
   for (const SequenceRows& s : rows) {
     auto* state = dynamic_cast<DeviceRecurrentState*>(s.cache);
     if (state == nullptr || state->shape().conv_channels != C || state->shape().heads != Hv) {
-      throw InvalidArgument(str_cat("layer ", l, ": a linear-attention layer needs its GPU "
-                                    "recurrent state of ", Hv, " heads, got a ",
-                                    s.cache->type_name(), " cache"));
+      throw InvalidArgument(str_cat("layer ", l,
+                                    ": a linear-attention layer needs its GPU "
+                                    "recurrent state of ",
+                                    Hv, " heads, got a ", s.cache->type_name(), " cache"));
     }
     causal_conv1d_silu(mixed + s.row * C, s.count, int(C), la.conv_kernel, L.conv.data(),
                        state->conv(), conv + s.row * C, stream);
@@ -595,7 +643,8 @@ void HybridForward::Impl::mla_layer(int l, const std::vector<SequenceRows>& rows
     copy_cols(q + h * qk + nope, heads * qk, rope_in + h * rope_dim, width, T, rope_dim, stream);
   }
   copy_cols(latent + r, Ld, rope_in + heads * rope_dim, width, T, rope_dim, stream);
-  if (m.rope_interleave) deinterleave_pairs(rope_in, T * (heads + 2), rope_dim, int(rope_dim), stream);
+  if (m.rope_interleave)
+    deinterleave_pairs(rope_in, T * (heads + 2), rope_dim, int(rope_dim), stream);
   const Rope& rp = rope(false, int(rope_dim));
   float* q_rope = buf(kQg, T * heads * rope_dim);
   float* k_rope = buf(kK, T * rope_dim);
@@ -656,8 +705,7 @@ void HybridForward::Impl::mlp(const Mlp& w, const float* xn, int64_t T, float* o
   if (w.down_bias.size() > 0) {
     // out += bias, through the residual kernel's bias (x += 0 + bias).
     float* zeros = buf(kTmp2, T * c.hidden_size);
-    TURBOKV_CUDA_CHECK(
-        cudaMemsetAsync(zeros, 0, size_t(T * c.hidden_size) * 4, stream));
+    TURBOKV_CUDA_CHECK(cudaMemsetAsync(zeros, 0, size_t(T * c.hidden_size) * 4, stream));
     residual_add(out, zeros, T, c.hidden_size, w.down_bias.data(), nullptr, 0, stream);
   }
 }
@@ -676,7 +724,8 @@ void HybridForward::Impl::moe(const Layer& L, const float* xn, int64_t T, float*
   std::vector<int> ids(size_t(T * K));
   std::vector<float> weights(ids.size());
   for (int64_t t = 0; t < T; ++t) {
-    turbokv::moe_route(host_moe, h_logits.data() + t * E, ids.data() + t * K, weights.data() + t * K);
+    turbokv::moe_route(host_moe, h_logits.data() + t * E, ids.data() + t * K,
+                       weights.data() + t * K);
   }
   std::vector<int32_t> rows_of;
   std::vector<float> weight_of;
@@ -772,9 +821,15 @@ void HybridForward::Impl::run_step(const std::vector<ChunkSlice>& slices) {
     }
     rms_norm(x, T, H, L.input_norm.data(), eps, xn, Elem::kF32, s);
     switch (c.layer_kind[size_t(l)]) {
-      case LayerKind::kAttention: attention_layer(l, rows, xn, T, dp, out); break;
-      case LayerKind::kLinearAttention: linear_attention_layer(l, rows, xn, T, out); break;
-      case LayerKind::kMla: mla_layer(l, rows, xn, T, dp, out); break;
+      case LayerKind::kAttention:
+        attention_layer(l, rows, xn, T, dp, out);
+        break;
+      case LayerKind::kLinearAttention:
+        linear_attention_layer(l, rows, xn, T, out);
+        break;
+      case LayerKind::kMla:
+        mla_layer(l, rows, xn, T, dp, out);
+        break;
     }
     residual_add(x, out, T, H, or_null(L.o_bias),
                  c.sandwich_norms ? L.post_attention_norm.data() : nullptr, eps, s);
@@ -827,8 +882,8 @@ void HybridForward::Impl::run_step(const std::vector<ChunkSlice>& slices) {
     float* logits = buf(kLogits, n * V);
     linear(*lm_head, xn, n, logits, V);
     if (c.final_logit_softcap > 0) softcap(logits, n * V, c.final_logit_softcap, s);
-    TURBOKV_CUDA_CHECK(cudaMemcpyAsync(host_logits.data(), logits, size_t(n * V) * 4,
-                                       cudaMemcpyDeviceToHost, s));
+    TURBOKV_CUDA_CHECK(
+        cudaMemcpyAsync(host_logits.data(), logits, size_t(n * V) * 4, cudaMemcpyDeviceToHost, s));
     TURBOKV_CUDA_CHECK(cudaStreamSynchronize(s));
     for (int64_t i = 0; i < n; ++i) {
       std::memcpy(destinations[b + size_t(i)], host_logits.data() + i * V, size_t(V) * 4);
@@ -848,8 +903,8 @@ HybridForward::HybridForward(const DecoderModel& host, cudaStream_t stream, cons
   int64_t need = host.embedding().total_bytes();
   if (!c.tie_word_embeddings) need += host.lm_head().total_bytes();
   if (c.per_layer_input_dim > 0) {
-    need += host.per_layer_embedding().total_bytes() +
-            host.per_layer_model_projection().total_bytes();
+    need +=
+        host.per_layer_embedding().total_bytes() + host.per_layer_model_projection().total_bytes();
   }
   auto mlp_bytes = [](const MlpWeights& m) {
     return m.gate.total_bytes() + m.up.total_bytes() + m.down.total_bytes();
@@ -883,7 +938,9 @@ HybridForward::HybridForward(const DecoderModel& host, cudaStream_t stream, cons
 
 HybridForward::~HybridForward() = default;
 
-size_t HybridForward::weight_bytes() const { return impl_->weight_bytes; }
+size_t HybridForward::weight_bytes() const {
+  return impl_->weight_bytes;
+}
 
 LayerCaches HybridForward::make_caches(DeviceCacheContext& context,
                                        const std::vector<LayerCachePlan>& plan,
@@ -892,11 +949,11 @@ LayerCaches HybridForward::make_caches(DeviceCacheContext& context,
   caches.reserve(plan.size());
   for (const LayerCachePlan& p : plan) {
     if (p.kind == LayerCacheKind::kRecurrent) {
-      caches.push_back(std::make_unique<DeviceRecurrentState>(p.recurrent));
+      caches.push_back(std::make_unique<DeviceRecurrentState>(p.recurrent, context));
     } else if (p.kind == LayerCacheKind::kShared) {
       if (p.shared_with < 0 || size_t(p.shared_with) >= caches.size()) {
-        throw InvalidArgument(str_cat("a shared layer's owner ", p.shared_with,
-                                      " must come before it in the plan"));
+        throw InvalidArgument(
+            str_cat("a shared layer's owner ", p.shared_with, " must come before it in the plan"));
       }
       caches.push_back(
           std::make_unique<SharedKVCache>(caches[size_t(p.shared_with)].get(), p.shared_with));
