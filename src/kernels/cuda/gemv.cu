@@ -125,38 +125,56 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// Row `row` of w against the M rows of x: each lane's partial sums in the order of gemv_kernel,
-// then the same shuffle tree (every lane gets the sums).
-template <typename T, int M>
-__device__ __forceinline__ void row_dots(const void* x, const T* w, int64_t row, int64_t k,
-                                         int lane, float (&acc)[M]) {
+// Rows rows[0..R) of w against the M rows of x, their loads interleaved (R * kUnroll chunks in
+// flight per lane): each row's partial sums in the order of gemv_kernel, then the same shuffle
+// tree (every lane gets the sums), so a row's result does not depend on R.
+template <typename T, int M, int R>
+__device__ __forceinline__ void row_dots(const void* x, const T* w, const int64_t (&rows)[R],
+                                         int64_t k, int lane, float (&acc)[R][M]) {
   const int64_t chunks = k / 8;
-  const uint4* wr = reinterpret_cast<const uint4*>(w + row * k);
+  const uint4* wr[R];
 #pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0;
+  for (int r = 0; r < R; ++r) {
+    wr[r] = reinterpret_cast<const uint4*>(w + rows[r] * k);
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0;
+  }
   int64_t c = lane;
   for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
-    uint4 wv[kUnroll];
+    uint4 wv[R][kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) wv[u] = load_stream(wr + c + 32 * u);
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) wv[r][u] = load_stream(wr[r] + c + 32 * u);
+    }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        acc[m] = dot8<T>(wv[u], x_chunk<T, false>(x, m * chunks + c + 32 * u), acc[m]);
+        const uint4 xv = x_chunk<T, false>(x, m * chunks + c + 32 * u);
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r][m] = dot8<T>(wv[r][u], xv, acc[r][m]);
       }
     }
   }
   for (; c < chunks; c += 32) {
-    const uint4 wv = load_stream(wr + c);
 #pragma unroll
-    for (int m = 0; m < M; ++m) acc[m] = dot8<T>(wv, x_chunk<T, false>(x, m * chunks + c), acc[m]);
+    for (int r = 0; r < R; ++r) {
+      const uint4 wv = load_stream(wr[r] + c);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        acc[r][m] = dot8<T>(wv, x_chunk<T, false>(x, m * chunks + c), acc[r][m]);
+      }
+    }
   }
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    float s = acc[m];
-    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
-    acc[m] = s;
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float s = acc[r][m];
+      for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+      acc[r][m] = s;
+    }
   }
 }
 
@@ -171,16 +189,16 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t i = int64_t(blockIdx.x) * kWarps + warp;
   if (i >= inter) return;
-  float g[M], u[M];
-  row_dots<T, M>(x, w, i, k, lane, g);
-  row_dots<T, M>(x, w, inter + i, k, lane, u);
+  const int64_t rows[2] = {i, inter + i};  // gate row, up row
+  float acc[2][M];
+  row_dots<T, M, 2>(x, w, rows, k, lane, acc);
   pdl_release();
   if (lane < M) {
-    float gs = g[0], us = u[0];
+    float gs = acc[0][0], us = acc[1][0];
 #pragma unroll
     for (int m = 1; m < M; ++m) {
-      gs = lane == m ? g[m] : gs;
-      us = lane == m ? u[m] : us;
+      gs = lane == m ? acc[0][m] : gs;
+      us = lane == m ? acc[1][m] : us;
     }
     constexpr float kSqrt2OverPi = 0.7978845608028654f;
     const float gv = gs + (gate_bias != nullptr ? gate_bias[i] : 0.0f);
