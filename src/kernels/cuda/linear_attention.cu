@@ -155,6 +155,120 @@ __global__ void delta_kernel(GatedDeltaRows in, GatedDeltaDims s, float* state, 
   }
 }
 
+// Shared memory of the chunked kernel (floats): K, Q, W [C][dk], U [C][dv], A [C][C], G, B, E [C].
+size_t chunked_smem_bytes(int dk, int dv) {
+  constexpr int C = kDeltaChunk;
+  return size_t(3 * C * dk + C * dv + C * C + 3 * C) * sizeof(float);
+}
+
+__global__ void chunked_kernel(GatedDeltaRows in, GatedDeltaDims s, float* state, float* out) {
+  constexpr int C = kDeltaChunk;
+  extern __shared__ float sm[];
+  const int dk = s.k_dim, dv = s.v_dim, Hv = s.value_heads;
+  float* Ks = sm;             // [C][dk]
+  float* Qs = Ks + C * dk;    // [C][dk]
+  float* Ws = Qs + C * dk;    // [C][dk]: beta exp(G) k, then W
+  float* Us = Ws + C * dk;    // [C][dv]: beta v, then U, then v_new
+  float* A = Us + C * dv;     // [C][C]
+  float* G = A + C * C;       // [C] cumulative log decay
+  float* B = G + C;           // [C] beta
+  float* E = B + C;           // [C] exp(G)
+  const int h = blockIdx.x;
+  const int kh = h / (Hv / s.key_heads);
+  float* S = state + int64_t(h) * dk * dv;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  for (int64_t t0 = 0; t0 < in.T; t0 += C) {
+    const int n = int(in.T - t0 < C ? in.T - t0 : C);
+    if (tid == 0) {
+      float acc = 0;
+      for (int i = 0; i < n; ++i) {
+        G[i] = acc += in.g[(t0 + i) * Hv + h];
+        B[i] = in.beta[(t0 + i) * Hv + h];
+        E[i] = expf(G[i]);
+      }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < n * dk; idx += nt) {
+      const int i = idx / dk, r = idx % dk;
+      const int64_t at = (t0 + i) * in.qk_stride + int64_t(kh) * dk + r;
+      const float k = in.k[at];
+      Ks[i * dk + r] = k;
+      Qs[i * dk + r] = in.q[at];
+      Ws[i * dk + r] = k * B[i] * E[i];
+    }
+    for (int idx = tid; idx < n * dv; idx += nt) {
+      const int i = idx / dv, c = idx % dv;
+      Us[i * dv + c] = in.v[(t0 + i) * in.v_stride + int64_t(h) * dv + c] * B[i];
+    }
+    __syncthreads();
+    // A[i][j] = beta_i <k_i, k_j> exp(G_i - G_j), j < i.
+    for (int idx = tid; idx < n * n; idx += nt) {
+      const int i = idx / n, j = idx % n;
+      if (j >= i) continue;
+      float d = 0;
+      for (int r = 0; r < dk; ++r) d += Ks[i * dk + r] * Ks[j * dk + r];
+      A[i * C + j] = B[i] * d * expf(G[i] - G[j]);
+    }
+    __syncthreads();
+    // (I + A) U = beta v, (I + A) W = beta exp(G) k: forward substitution, a row at a time.
+    for (int i = 1; i < n; ++i) {
+      for (int c = tid; c < dv + dk; c += nt) {
+        float* M = c < dv ? Us : Ws;
+        const int w = c < dv ? dv : dk, col = c < dv ? c : c - dv;
+        float x = M[i * w + col];
+        for (int j = 0; j < i; ++j) x -= A[i * C + j] * M[j * w + col];
+        M[i * w + col] = x;
+      }
+      __syncthreads();
+    }
+    // A[i][j] = <q_i, k_j> exp(G_i - G_j), j <= i (the intra-chunk attention).
+    for (int idx = tid; idx < n * n; idx += nt) {
+      const int i = idx / n, j = idx % n;
+      if (j > i) continue;
+      float d = 0;
+      for (int r = 0; r < dk; ++r) d += Qs[i * dk + r] * Ks[j * dk + r];
+      A[i * C + j] = d * expf(G[i] - G[j]);
+    }
+    __syncthreads();
+    // Per state column: v_new = U - W S, the outputs, then the state update.
+    const float glast = G[n - 1], decay = expf(glast);
+    for (int c = tid; c < dv; c += nt) {
+      float vn[C], o[C];
+#pragma unroll
+      for (int i = 0; i < C; ++i) {
+        vn[i] = i < n ? Us[i * dv + c] : 0.0f;
+        o[i] = 0;
+      }
+      for (int r = 0; r < dk; ++r) {
+        const float sr = S[int64_t(r) * dv + c];
+#pragma unroll
+        for (int i = 0; i < C; ++i) {
+          if (i < n) {
+            vn[i] -= Ws[i * dk + r] * sr;
+            o[i] += (Qs[i * dk + r] * E[i]) * sr;
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < C; ++i) {
+        if (i >= n) continue;
+        float acc = o[i];
+        for (int j = 0; j <= i; ++j) acc += A[i * C + j] * vn[j];
+        out[((t0 + i) * Hv + h) * dv + c] = acc;
+      }
+      for (int r = 0; r < dk; ++r) {
+        float acc = S[int64_t(r) * dv + c] * decay;
+#pragma unroll
+        for (int j = 0; j < C; ++j) {
+          if (j < n) acc += (Ks[j * dk + r] * expf(glast - G[j])) * vn[j];
+        }
+        S[int64_t(r) * dv + c] = acc;
+      }
+    }
+    __syncthreads();  // the chunk's shared rows are read; the next chunk overwrites them
+  }
+}
+
 __global__ void gated_norm_kernel(float* x, const float* z, int d, const float* w, float eps) {
   const int64_t r = blockIdx.x;
   float* xr = x + r * d;
@@ -202,6 +316,22 @@ void gated_delta_recurrent(const GatedDeltaRows& in, const GatedDeltaDims& s, fl
     case 128: delta_kernel<128><<<grid, threads, smem, stream>>>(in, s, state, out); break;
     default: delta_kernel<0><<<grid, threads, smem, stream>>>(in, s, state, out); break;
   }
+  TURBOKV_CUDA_CHECK(cudaGetLastError());
+}
+
+void gated_delta_chunked(const GatedDeltaRows& in, const GatedDeltaDims& s, float* state,
+                         float* out, cudaStream_t stream) {
+  if (in.T <= 0) return;
+  if (s.key_heads <= 0 || s.value_heads % s.key_heads != 0 || s.k_dim <= 0 || s.v_dim <= 0 ||
+      s.k_dim > 256 || s.v_dim > 256) {
+    throw InvalidArgument(str_cat("gated_delta_chunked: ", s.key_heads, " key heads of ", s.k_dim,
+                                  ", ", s.value_heads, " value heads of ", s.v_dim,
+                                  " (dims 1..256)"));
+  }
+  const size_t smem = chunked_smem_bytes(s.k_dim, s.v_dim);
+  TURBOKV_CUDA_CHECK(cudaFuncSetAttribute(
+      chunked_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  chunked_kernel<<<unsigned(s.value_heads), 128, smem, stream>>>(in, s, state, out);
   TURBOKV_CUDA_CHECK(cudaGetLastError());
 }
 
