@@ -753,6 +753,40 @@ TEST_F(HybridKernels, Gemma4KeysEqualValuesModelAgreesWithTheCpu) {
   EXPECT_LT(diff, 1e-4);
 }
 
+// Long prompts: prefills of 150 tokens (several chunks of the chunked delta rule, and beyond
+// the sliding windows) in one piece and as 100 + 50, then decode steps: GPU against CPU.
+TEST_P(HybridGolden, LongPrefillAgreesWithTheCpu) {
+  const std::string dir = fixture(std::string("hf-tiny/") + GetParam());
+  auto gpu = load_gpu(dir);
+  std::unique_ptr<Model> cpu = Model::load(dir);
+  const int V = cpu->info().vocab_size;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 154; ++i) ids.push_back((i * 97 + 31) % V);
+  for (const std::vector<int>& pieces : {std::vector<int>{150}, std::vector<int>{100, 50}}) {
+    std::vector<float> want(ids.size() * size_t(V)), got(want.size());
+    LayerCaches cc = make_layer_caches(cpu->layer_specs(), ResolvedKV{}, KVDType::kF32);
+    LayerCaches gc = gpu->make_caches(ResolvedKV{}, DenseElem::kF32);
+    int at = 0;
+    for (int n : pieces) {
+      Model::Chunk a{ids.data() + at, n, &cc, want.data() + size_t(at) * V, true};
+      Model::Chunk b{ids.data() + at, n, &gc, got.data() + size_t(at) * V, true};
+      cpu->forward({&a, 1});
+      gpu->forward({&b, 1});
+      at += n;
+    }
+    for (int i = at; i < int(ids.size()); ++i) {
+      Model::Chunk sa{ids.data() + i, 1, &cc, want.data() + size_t(i) * V, true};
+      Model::Chunk sb{ids.data() + i, 1, &gc, got.data() + size_t(i) * V, true};
+      cpu->forward({&sa, 1});
+      gpu->forward({&sb, 1});
+    }
+    const double diff = max_abs_diff(got, want);
+    std::printf("  %s, prefill in %zu piece(s) of 150 tokens: GPU vs CPU %.3g\n", GetParam(),
+                pieces.size(), diff);
+    EXPECT_LT(diff, 1e-4) << pieces.size() << " pieces";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, HybridGolden,
                          ::testing::Values("qwen3_5_text", "gemma4_text", "deepseek_v3"));
 
