@@ -102,8 +102,9 @@ std::vector<KVCase> kv_cases() {
   tq(128, 3, 4, false);
   tq(80, 3.5, 3.5, false);
   // The levers: centering (keys, values, both) and sink tokens (1, 4; 68 and 80 reach past the
-  // first chunk of 70 tokens, 1000 past the whole sequence), alone and together, on the
-  // compile-time K3/V4 d128 kernel, a split codec and a runtime-generic setting.
+  // first chunk of 70 tokens, 1000 past the whole sequence), alone and together: d128 K3/V4 and
+  // K4/V3 (the fused kernels when centered, the generic compile-time ones with sinks), a split
+  // codec and runtime-generic settings.
   auto lever = [&](int d, double kb, double vb, bool ck, bool cv, int sinks) {
     KVCase c;
     c.plan.kind = LayerCacheKind::kTurboQuant;
@@ -120,7 +121,7 @@ std::vector<KVCase> kv_cases() {
     cases.push_back(c);
   };
   for (auto [d, kb, vb] : std::vector<std::tuple<int, double, double>>{
-           {128, 3, 4}, {64, 2.5, 3.5}, {80, 3, 3}, {256, 4, 4}}) {
+           {128, 3, 4}, {128, 4, 3}, {64, 2.5, 3.5}, {80, 3, 3}, {256, 4, 4}}) {
     for (auto [ck, cv] : std::vector<std::pair<bool, bool>>{
              {true, false}, {false, true}, {true, true}, {false, false}}) {
       for (int sinks : {0, 1, 4}) {
@@ -280,7 +281,8 @@ TEST_F(CudaKV, BatchedLeverCachesMatchTheCpuCaches) {
       plans.emplace_back(name, plan);
     };
     tq("K3/V4 d128 centered, 4 sinks", 128, 3, 4, true, true, 4);
-    tq("K3/V4 d128 keys centered", 128, 3, 4, true, false, 0);
+    tq("K3/V4 d128 keys centered (fused)", 128, 3, 4, true, false, 0);
+    tq("K4/V3 d128 centered (fused)", 128, 4, 3, true, true, 0);
     tq("K3/V4 d128 16 sinks", 128, 3, 4, false, false, 16);
     tq("K2.5/V3.5 d64 values centered, 1 sink", 64, 2.5, 3.5, false, true, 1);
     {
@@ -469,6 +471,7 @@ TEST_F(CudaKV, SavedCachesMoveBetweenDevices) {
     tq("K3.5/V3.5", 3.5, 3.5, false, false, 0);
     tq("K3/V4 centered, 4 sinks", 3, 4, true, true, 4);
     tq("K3.5/V4 values centered, 50 sinks", 3.5, 4, false, true, 50);
+    tq("K4/V3 centered (fused kernels)", 4, 3, true, true, 0);
     {
       LayerCachePlan plan;
       plan.kind = LayerCacheKind::kUniform;

@@ -39,7 +39,16 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const int64_t row = rest / p.kv_heads;
   const float* src = (role == 0 ? p.k : p.v) + (row * p.kv_heads + head) * L::kHeadDim;
   const float4 x4 = reinterpret_cast<const float4*>(src)[lane];
-  const float x[4] = {x4.x, x4.y, x4.z, x4.w};
+  float x[4] = {x4.x, x4.y, x4.z, x4.w};
+  if (p.states != nullptr) {  // centering: x - float(mean)
+    const TQSequenceState& st = p.states[p.row_seq[row]];
+    const __half* mean = role == 0 ? st.key_mean : st.value_mean;
+    if (mean != nullptr) {
+      for (int j = 0; j < 4; ++j) {
+        x[j] = __fsub_rn(x[j], __half2float(mean[head * L::kHeadDim + 4 * lane + j]));
+      }
+    }
+  }
 
   // 1-2. norm and unit vector
   const float n = __fsqrt_rn(sum_squares(x, scratch[warp], lane));

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/kvcache/paged.h"
 #include "kernels/cuda/tq_codec.h"
 
 namespace turbokv::cuda {
@@ -24,6 +25,10 @@ struct TQQuantizeProblem {
   // Optional (nullptr: not tracked): the largest value norm stored so far, as float bits
   // (atomicMax); the attention kernel scales its fp16 value operands by it.
   unsigned* value_norm_max = nullptr;
+  // Optional [sequences] (device; nullptr: none): centering, the coded vector of a row is
+  // x - float(mean) (fp32 subtraction, the CPU cache's) with its sequence's key_mean /
+  // value_mean where set.
+  const TQSequenceState* states = nullptr;
 };
 
 // Throws InvalidArgument for non-positive shapes. Rows may be written in any order; other

@@ -230,10 +230,20 @@ class TQFusedDeviceFormat final : public DeviceFormat {
     return size_t(kv_heads_) * layout_.tile_bytes() / TQTileLayout::kTileTokens;
   }
   bool zeroed_workspace() const override { return true; }
+  // Centering: the means per sequence (TQSequenceState), subtracted by the quantize kernel; the
+  // value means are added to the attention output by a second kernel.
+  bool calibrates() const override { return config_.center_keys || config_.center_values; }
+  size_t nbytes(int64_t tokens, bool calibrated) const override {
+    const size_t means = calibrated ? size_t(config_.center_keys + config_.center_values) * 2 *
+                                          size_t(kv_heads_) * 128
+                                    : 0;
+    return size_t(tokens) * bytes_per_token() + means;
+  }
 
-  void append(const PagedBatch& batch, const TQSequenceState*, const AppendRows& rows,
+  void append(const PagedBatch& batch, const TQSequenceState* states, const AppendRows& rows,
               cudaStream_t stream) const override {
     TQQuantizeProblem p;
+    if (calibrates()) p.states = states;
     p.k = rows.k;
     p.v = rows.v;
     p.row_seq = rows.row_seq;
@@ -252,7 +262,7 @@ class TQFusedDeviceFormat final : public DeviceFormat {
     return attention_workspace_bytes(fused_problem(batch, q, o, kv_heads_, q.max_n_q),
                                      CacheKind::kTurboQuant);
   }
-  void attend(const PagedBatch& batch, const TQSequenceState*, const QueryRows& q,
+  void attend(const PagedBatch& batch, const TQSequenceState* states, const QueryRows& q,
               const AttentionOptions& o, int n_q, void* workspace, size_t workspace_bytes,
               cudaStream_t stream) const override {
     if (o.logit_softcap != 0 || o.sliding_window != 0) {
@@ -264,6 +274,9 @@ class TQFusedDeviceFormat final : public DeviceFormat {
     view.value_norm_max = value_norm_max_.data();
     tq_attention(codec_.kernel_codec(), view, fused_problem(batch, q, o, kv_heads_, n_q),
                  workspace, workspace_bytes, stream);
+    if (config_.center_values) {
+      add_value_means(states, batch.batch, n_q, o.n_heads, kv_heads_, 128, q.out, stream);
+    }
   }
 
   std::unique_ptr<KVCache> host_cache() const override {
@@ -345,13 +358,11 @@ std::string plan_key(const LayerCachePlan& p, DenseElem elem) {
   return "?";
 }
 
-// Integer key and value bits with a fused kernel, head_dim 128, no centering and no sink
-// tokens (those take the generic kernels, which implement them).
+// Integer key and value bits with a fused kernel, head_dim 128, no sink tokens (those take the
+// generic kernels, which attend them apart).
 bool has_fused_turboquant(const LayerCachePlan& p) {
   if (p.kind != LayerCacheKind::kTurboQuant || p.head_dim != 128) return false;
-  if (p.turboquant.center_keys || p.turboquant.center_values || p.turboquant.sink_tokens > 0) {
-    return false;
-  }
+  if (p.turboquant.sink_tokens > 0) return false;
   const double kb = p.turboquant.key_bits, vb = p.turboquant.value_bits;
   return kb == double(int(kb)) && vb == double(int(vb)) &&
          tq_attention_supported(int(kb), int(vb));

@@ -240,4 +240,10 @@ void paged_attention(const UniformFormat& f, const PagedBatch& b, const QueryRow
                      const AttentionOptions& o, void* workspace, size_t workspace_bytes,
                      cudaStream_t stream);
 
+// Centered values under kernels that attend the centered codes (the fused kernels): row
+// ((b * n_q + i) * n_heads + head) of out [batch * n_q * n_heads, head_dim] gets
+// float(states[b].value_mean[head / (n_heads / kv_heads)]) added where that mean is set.
+void add_value_means(const TQSequenceState* states, int batch, int n_q, int n_heads, int kv_heads,
+                     int head_dim, float* out, cudaStream_t stream);
+
 }  // namespace turbokv::cuda
