@@ -3,10 +3,13 @@
 // when tokens arrive one at a time.
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/tq_layout.h"
+#include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/tq_quantize.h"
 #include "test_util.h"
 
@@ -169,6 +172,79 @@ TEST_F(CudaQuantize, DecodeStepsKeepNeighbourCodes) {
   }
   expect_codes_match(codec, blocks, all, batch, kv_heads);
   }
+}
+
+// RoPE + quantize in one kernel = qkv_post then tq_quantize: the same queries, the same cache
+// bytes (full and partial rotary dims, a bias, attention scaling).
+TEST_F(CudaQuantize, RopeQuantizeEqualsQkvPostThenQuantize) {
+  for (const auto& [kb, vb] : {std::pair{3, 4}, std::pair{4, 3}}) {
+    for (int rotary : {128, 64, 0}) {
+      SCOPED_TRACE(::testing::Message() << "K" << kb << "/V" << vb << " rotary " << rotary);
+      const TQDeviceCodec codec(/*seed=*/5, true, kb, vb);
+      const int rows = 3, heads = 8, kv_heads = 2, width = (heads + 2 * kv_heads) * kD;
+      const std::vector<float> qkv = test_vectors(size_t(rows) * (heads + 2 * kv_heads), 40);
+      const std::vector<float> bias = testing::random_normal(size_t(width), 41, 0.1f);
+      std::vector<float> inv_freq(size_t(std::max(rotary / 2, 1)));
+      for (size_t i = 0; i < inv_freq.size(); ++i) {
+        inv_freq[i] = std::pow(10000.0f, -2.0f * float(i) / float(std::max(rotary, 2)));
+      }
+      const std::vector<int> seq = {0, 1, 1}, pos = {7, 300, 301};
+      auto d_qkv = DeviceBuffer<float>::upload(qkv);
+      auto d_bias = DeviceBuffer<float>::upload(bias);
+      auto d_inv = DeviceBuffer<float>::upload(inv_freq);
+      auto d_seq = DeviceBuffer<int>::upload(seq);
+      auto d_pos = DeviceBuffer<int>::upload(pos);
+      DeviceBuffer<float> q1(size_t(rows) * heads * kD), q2(q1.size());
+      DeviceBuffer<float> k(size_t(rows) * kv_heads * kD), v(k.size());
+      PagedBlocks blocks1(2, 2, size_t(kv_heads) * head_run(codec), 3);
+      PagedBlocks blocks2(2, 2, size_t(kv_heads) * head_run(codec), 3);
+      QkvPostProblem qp;
+      qp.qkv = d_qkv.data();
+      qp.bias = d_bias.data();
+      qp.positions = d_pos.data();
+      qp.inv_freq = d_inv.data();
+      qp.rotary_dim = rotary;
+      qp.attention_scaling = 0.8f;
+      qp.tokens = rows;
+      qp.heads = heads;
+      qp.kv_heads = kv_heads;
+      qp.head_dim = kD;
+      qp.q = q1.data();
+      qp.k = k.data();
+      qp.v = v.data();
+      qkv_post(qp, nullptr);
+      TQQuantizeProblem p;
+      p.k = k.data();
+      p.v = v.data();
+      p.row_seq = d_seq.data();
+      p.row_pos = d_pos.data();
+      p.rows = rows;
+      p.kv_heads = kv_heads;
+      p.block_table = blocks1.table();
+      p.table_stride = blocks1.stride();
+      tq_quantize(codec.kernel_codec(), p, nullptr);
+      TQRopeQuantizeProblem r;
+      r.qkv = d_qkv.data();
+      r.bias = d_bias.data();
+      r.positions = d_pos.data();
+      r.inv_freq = d_inv.data();
+      r.rotary_dim = rotary;
+      r.attention_scaling = 0.8f;
+      r.heads = heads;
+      r.q = q2.data();
+      r.cache = p;
+      r.cache.k = r.cache.v = nullptr;
+      r.cache.block_table = blocks2.table();
+      tq_rope_quantize(codec.kernel_codec(), r, nullptr);
+      TURBOKV_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(q1.download(), q2.download());
+      for (int b = 0; b < 2; ++b) {
+        EXPECT_EQ(blocks1.download_sequence(b), blocks2.download_sequence(b)) << "sequence " << b;
+      }
+    }
+  }
+  EXPECT_FALSE(tq_rope_quantize_supported(60));
+  EXPECT_TRUE(tq_rope_quantize_supported(64));
 }
 
 TEST(CudaQuantizeArgs, RejectsEmptyShapes) {

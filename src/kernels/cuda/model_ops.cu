@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/rope.cuh"
 
 namespace turbokv::cuda {
 
@@ -223,7 +224,7 @@ __global__ void qkv_post_kernel(const QkvPostProblem p) {
   }
   const float* src = p.qkv + t * (q_dim + 2 * kv_dim) + col;
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
-    h[i] = src[i] + (p.bias != nullptr ? p.bias[col + i] : 0.0f);
+    h[i] = __fadd_rn(src[i], p.bias != nullptr ? p.bias[col + i] : 0.0f);
   }
   __syncthreads();
   const float* norm = kind == 0 ? p.q_norm : kind == 1 ? p.k_norm : nullptr;
@@ -240,12 +241,8 @@ __global__ void qkv_post_kernel(const QkvPostProblem p) {
     const int half = p.rotary_dim / 2;
     const float pos = float(p.positions[t]);
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-      const float angle = pos * p.inv_freq[i];
-      const float c = float(cos(double(angle))) * p.attention_scaling;
-      const float s = float(sin(double(angle))) * p.attention_scaling;
-      const float a = h[i], b = h[i + half];
-      dst[i] = a * c - b * s;
-      dst[i + half] = b * c + a * s;
+      rope_pair(pos, p.inv_freq[i], p.attention_scaling, h[i], h[i + half], &dst[i],
+                &dst[i + half]);
     }
     for (int i = p.rotary_dim + threadIdx.x; i < d; i += blockDim.x) dst[i] = h[i];
   } else {

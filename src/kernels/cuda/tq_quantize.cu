@@ -8,6 +8,7 @@
 #include "kernels/cuda/codec_ops.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/tq_layout.h"
 #include "kernels/cuda/tq_quantize.h"
 
@@ -24,22 +25,12 @@ __device__ float sum_squares(const float (&v)[4], float* scratch, int lane) {
   return ordered_sum(scratch, L::kHeadDim, lane);
 }
 
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    tq_quantize_kernel(const TQKernelCodec codec, const TQQuantizeProblem p) {
-  pdl_wait();  // launched with PDL (launch.h)
-  pdl_release();
-  __shared__ float scratch[kWarpsPerBlock][L::kHeadDim];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t vec = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
-  const int64_t total = int64_t(p.rows) * p.kv_heads * 2;
-  if (vec >= total) return;
-  const int role = int(vec % 2);  // 0 key, 1 value
-  const int64_t rest = vec / 2;
-  const int head = int(rest % p.kv_heads);
-  const int64_t row = rest / p.kv_heads;
-  const float* src = (role == 0 ? p.k : p.v) + (row * p.kv_heads + head) * L::kHeadDim;
-  const float4 x4 = reinterpret_cast<const float4*>(src)[lane];
-  float x[4] = {x4.x, x4.y, x4.z, x4.w};
+// Quantizes one vector (lane l holds elements 4l .. 4l+3) of row `row`, KV head `head`, role
+// 0 (key) or 1 (value) into its tile. Warp-collective; scratch: this warp's [128] floats.
+__device__ void quantize_vector(const TQKernelCodec& codec, const TQQuantizeProblem& p,
+                                const float (&x_in)[4], int64_t row, int head, int role,
+                                float* scratch, int lane) {
+  float x[4] = {x_in[0], x_in[1], x_in[2], x_in[3]};
   if (p.states != nullptr) {  // centering: x - float(mean)
     const TQSequenceState& st = p.states[p.row_seq[row]];
     const __half* mean = role == 0 ? st.key_mean : st.value_mean;
@@ -51,7 +42,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 
   // 1-2. norm and unit vector
-  const float n = __fsqrt_rn(sum_squares(x, scratch[warp], lane));
+  const float n = __fsqrt_rn(sum_squares(x, scratch, lane));
   const float inv = __fdiv_rn(1.0f, fmaxf(n, 1e-6f));
   const uint32_t* flips = role == 0 ? codec.key_sign_flips : codec.value_sign_flips;
   float z[4];
@@ -94,7 +85,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   // 5. norm correction
   float stored = n;
   if (codec.norm_correction) {
-    const float cn = __fsqrt_rn(sum_squares(chat, scratch[warp], lane));
+    const float cn = __fsqrt_rn(sum_squares(chat, scratch, lane));
     if (cn > 0) stored = __fdiv_rn(n, cn);
   }
 
@@ -166,7 +157,101 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    tq_quantize_kernel(const TQKernelCodec codec, const TQQuantizeProblem p) {
+  pdl_wait();  // launched with PDL (launch.h)
+  pdl_release();
+  __shared__ float scratch[kWarpsPerBlock][L::kHeadDim];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t vec = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
+  const int64_t total = int64_t(p.rows) * p.kv_heads * 2;
+  if (vec >= total) return;
+  const int role = int(vec % 2);  // 0 key, 1 value
+  const int64_t rest = vec / 2;
+  const int head = int(rest % p.kv_heads);
+  const int64_t row = rest / p.kv_heads;
+  const float* src = (role == 0 ? p.k : p.v) + (row * p.kv_heads + head) * L::kHeadDim;
+  const float4 x4 = reinterpret_cast<const float4*>(src)[lane];
+  const float x[4] = {x4.x, x4.y, x4.z, x4.w};
+  quantize_vector(codec, p, x, row, head, role, scratch[warp], lane);
+}
+
+// One warp per (row, head slot): slots [0, heads) are query heads (written to q), then the KV
+// heads' keys, then their values (quantized). qkv_post's bias and RoPE (rope.cuh), in lanes:
+// element d of a rotated pair sits in lane d / 4, its partner rotary_dim / 8 lanes away.
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    tq_rope_quantize_kernel(const TQKernelCodec codec, const TQRopeQuantizeProblem p) {
+  pdl_wait();  // launched with PDL (launch.h)
+  pdl_release();
+  __shared__ float scratch[kWarpsPerBlock][L::kHeadDim];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int kv_heads = p.cache.kv_heads;
+  const int slots = p.heads + 2 * kv_heads;
+  const int64_t vec = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
+  if (vec >= int64_t(p.cache.rows) * slots) return;
+  const int slot = int(vec % slots);
+  const int64_t row = vec / slots;
+  const int width = (p.heads + 2 * kv_heads) * L::kHeadDim;
+  const int col = slot * L::kHeadDim + 4 * lane;
+  const float4 x4 = *reinterpret_cast<const float4*>(p.qkv + row * width + col);
+  float x[4] = {x4.x, x4.y, x4.z, x4.w};
+  for (int j = 0; j < 4; ++j) x[j] = __fadd_rn(x[j], p.bias != nullptr ? p.bias[col + j] : 0.0f);
+  if (slot < p.heads + kv_heads && p.rotary_dim > 0) {
+    const int half = p.rotary_dim / 2;
+    const float position = float(p.positions[row]);
+    const bool low = 4 * lane < half, rotated = 4 * lane < p.rotary_dim;
+    const int partner = low ? lane + half / 4 : rotated ? lane - half / 4 : lane;
+    for (int j = 0; j < 4; ++j) {
+      const float other = __shfl_sync(0xffffffffu, x[j], partner);
+      if (!rotated) continue;
+      const int d = 4 * lane + j, i = low ? d : d - half;
+      float ra, rb;
+      if (low) {
+        rope_pair(position, p.inv_freq[i], p.attention_scaling, x[j], other, &ra, &rb);
+        x[j] = ra;
+      } else {
+        rope_pair(position, p.inv_freq[i], p.attention_scaling, other, x[j], &ra, &rb);
+        x[j] = rb;
+      }
+    }
+  }
+  if (slot < p.heads) {
+    *reinterpret_cast<float4*>(p.q + (row * p.heads + slot) * L::kHeadDim + 4 * lane) =
+        make_float4(x[0], x[1], x[2], x[3]);
+    return;
+  }
+  const int kv = slot - p.heads;
+  quantize_vector(codec, p.cache, x, row, kv % kv_heads, kv / kv_heads, scratch[warp], lane);
+}
+
 }  // namespace
+
+bool tq_rope_quantize_supported(int rotary_dim) {
+  return rotary_dim >= 0 && rotary_dim <= L::kHeadDim && rotary_dim % 8 == 0;
+}
+
+void tq_rope_quantize(const TQKernelCodec& codec, const TQRopeQuantizeProblem& problem,
+                      cudaStream_t stream) {
+  const TQQuantizeProblem& c = problem.cache;
+  if (c.rows < 1 || c.kv_heads < 1 || c.table_stride < 1 || problem.heads < 1 ||
+      problem.qkv == nullptr || problem.q == nullptr || problem.positions == nullptr ||
+      !tq_rope_quantize_supported(problem.rotary_dim) ||
+      (problem.rotary_dim > 0 && problem.inv_freq == nullptr)) {
+    throw InvalidArgument(str_cat("tq_rope_quantize: rows ", c.rows, ", heads ", problem.heads,
+                                  ", kv_heads ", c.kv_heads, ", table_stride ", c.table_stride,
+                                  ", rotary_dim ", problem.rotary_dim,
+                                  ": need positive shapes, qkv, q, positions (inv_freq when "
+                                  "rotating) and a rotary_dim that is a multiple of 8 <= 128"));
+  }
+  if (!TQTileLayout::supported(codec.key_bits, codec.value_bits)) {
+    throw InvalidArgument(str_cat("tq_rope_quantize: K", codec.key_bits, "/V", codec.value_bits,
+                                  " has no tile format (key and value bits 2..4)"));
+  }
+  const int64_t vectors = int64_t(c.rows) * (problem.heads + 2 * c.kv_heads);
+  const int64_t blocks = (vectors + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  launch_pdl(tq_rope_quantize_kernel, dim3(unsigned(blocks)), dim3(kWarpsPerBlock * 32), 0, stream,
+             codec, problem);
+}
 
 void tq_quantize(const TQKernelCodec& codec, const TQQuantizeProblem& problem,
                  cudaStream_t stream) {

@@ -35,4 +35,24 @@ struct TQQuantizeProblem {
 // tokens sharing a tile are left untouched.
 void tq_quantize(const TQKernelCodec& codec, const TQQuantizeProblem& problem, cudaStream_t stream);
 
+// The same quantize straight from a fused QKV projection's output, with qkv_post's bias and
+// rotate-half RoPE (model_ops.h; no q/k norm), in one kernel: queries are written to q, keys
+// and values go into the cache with no fp32 copy. The codes are those tq_quantize gives the
+// k and v qkv_post computes (the RoPE arithmetic is rope.cuh's in both).
+struct TQRopeQuantizeProblem {
+  const float* qkv = nullptr;  // [rows, (heads + 2 kv_heads) * 128] (device)
+  const float* bias = nullptr;  // [(heads + 2 kv_heads) * 128] or null
+  const int32_t* positions = nullptr;  // [rows] RoPE positions
+  const float* inv_freq = nullptr;     // [rotary_dim / 2]
+  int rotary_dim = 0;                  // a multiple of 8, <= 128 (0: no rotation)
+  float attention_scaling = 1;
+  int heads = 0;
+  float* q = nullptr;  // [rows, heads, 128]
+  TQQuantizeProblem cache;  // rows, kv_heads, row_seq, row_pos, block table (k, v unused)
+};
+bool tq_rope_quantize_supported(int rotary_dim);
+// Throws InvalidArgument for non-positive shapes or an unsupported rotary_dim.
+void tq_rope_quantize(const TQKernelCodec& codec, const TQRopeQuantizeProblem& problem,
+                      cudaStream_t stream);
+
 }  // namespace turbokv::cuda

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/cuda/kvcache/paged.h"
+#include "kernels/cuda/model_ops.h"
 #include "kv/cache_policy.h"
 #include "kv/cuda/device_pool.h"
 #include "kv/kv_cache.h"
@@ -80,6 +81,15 @@ class DeviceFormat {
 
   virtual void append(const PagedBatch& batch, const TQSequenceState* states,
                       const AppendRows& rows, cudaStream_t stream) const = 0;
+  // append() of rows straight from a fused QKV projection's output with qkv_post's bias and
+  // RoPE (no q/k norm): qp.q gets the queries, the keys and values go into the blocks, qp.k and
+  // qp.v are not written; rows.k / rows.v are unused. False (nothing queued) when the format
+  // has no such kernel: the caller runs qkv_post and append().
+  virtual bool append_qkv(const PagedBatch& batch, const AppendRows& rows,
+                          const QkvPostProblem& qp, cudaStream_t stream) const {
+    (void)batch, (void)rows, (void)qp, (void)stream;
+    return false;
+  }
   // Every sequence of `batch` has n_q queries (the forward calls decode and each prefill chunk
   // separately); q_start is still given for the generic kernels.
   virtual size_t workspace_bytes(const PagedBatch& batch, const QueryRows& q,

@@ -257,6 +257,32 @@ class TQFusedDeviceFormat final : public DeviceFormat {
     p.value_norm_max = const_cast<unsigned*>(value_norm_max_.data());
     tq_quantize(codec_.kernel_codec(), p, stream);
   }
+  bool append_qkv(const PagedBatch& batch, const AppendRows& rows, const QkvPostProblem& qp,
+                  cudaStream_t stream) const override {
+    if (calibrates() || qp.q_norm != nullptr || qp.k_norm != nullptr || qp.head_dim != 128 ||
+        qp.kv_heads != kv_heads_ || qp.tokens != rows.rows ||
+        !tq_rope_quantize_supported(qp.rotary_dim)) {
+      return false;
+    }
+    TQRopeQuantizeProblem p;
+    p.qkv = qp.qkv;
+    p.bias = qp.bias;
+    p.positions = qp.positions;
+    p.inv_freq = qp.inv_freq;
+    p.rotary_dim = qp.rotary_dim;
+    p.attention_scaling = qp.attention_scaling;
+    p.heads = qp.heads;
+    p.q = qp.q;
+    p.cache.row_seq = rows.row_seq;
+    p.cache.row_pos = rows.row_pos;
+    p.cache.rows = rows.rows;
+    p.cache.kv_heads = kv_heads_;
+    p.cache.block_table = const_cast<uint8_t* const*>(batch.block_table);
+    p.cache.table_stride = batch.table_stride;
+    p.cache.value_norm_max = const_cast<unsigned*>(value_norm_max_.data());
+    tq_rope_quantize(codec_.kernel_codec(), p, stream);
+    return true;
+  }
   size_t workspace_bytes(const PagedBatch& batch, const QueryRows& q,
                          const AttentionOptions& o) const override {
     return attention_workspace_bytes(fused_problem(batch, q, o, kv_heads_, q.max_n_q),

@@ -366,6 +366,9 @@ struct CudaDecoderModel::Impl {
                                  bool graph) const;
   void enqueue_appends(const std::vector<StepSlice>& order, const std::vector<RunPlan>& runs,
                        const uint8_t* base);
+  // The append arguments of one run (blob offsets at base).
+  void append_args(const std::vector<StepSlice>& order, const RunPlan& run, const uint8_t* base,
+                   PagedBatch* batch, AppendRows* rows) const;
   void enqueue_attention(const std::vector<StepSlice>& order, const std::vector<RunPlan>& runs,
                          const uint8_t* base, const AttentionOptions& o);
   // Logits of n <= kLogitRows rows of x (d_rows: their indices) into host_out [n, vocab]
@@ -716,24 +719,30 @@ std::vector<RunPlan> CudaDecoderModel::Impl::plan_runs(const ModelConfig& c, int
   return runs;
 }
 
+void CudaDecoderModel::Impl::append_args(const std::vector<StepSlice>& order, const RunPlan& run,
+                                         const uint8_t* base, PagedBatch* batch,
+                                         AppendRows* rows) const {
+  const int64_t kv_dim = int64_t(kv_heads) * head_dim;
+  batch->block_table = at<const uint8_t*>(base, run.table);
+  batch->table_stride = run.stride;
+  batch->seq_len = at<int>(base, run.lens);
+  batch->batch = int(run.r1 - run.r0);
+  batch->max_len = run.max_len;
+  const int64_t row = order[run.r0].row;
+  rows->k = k.data() + row * kv_dim;
+  rows->v = v.data() + row * kv_dim;
+  rows->row_seq = at<int>(base, run.row_seq);
+  rows->row_pos = at<int>(base, run.row_pos);
+  rows->rows = run.rows;
+}
+
 void CudaDecoderModel::Impl::enqueue_appends(const std::vector<StepSlice>& order,
                                              const std::vector<RunPlan>& runs,
                                              const uint8_t* base) {
-  const int64_t kv_dim = int64_t(kv_heads) * head_dim;
   for (const RunPlan& run : runs) {
     PagedBatch batch;
-    batch.block_table = at<const uint8_t*>(base, run.table);
-    batch.table_stride = run.stride;
-    batch.seq_len = at<int>(base, run.lens);
-    batch.batch = int(run.r1 - run.r0);
-    batch.max_len = run.max_len;
     AppendRows rows;
-    const int64_t row = order[run.r0].row;
-    rows.k = k.data() + row * kv_dim;
-    rows.v = v.data() + row * kv_dim;
-    rows.row_seq = at<int>(base, run.row_seq);
-    rows.row_pos = at<int>(base, run.row_pos);
-    rows.rows = run.rows;
+    append_args(order, run, base, &batch, &rows);
     run.format->append(batch, at<TQSequenceState>(base, run.states), rows, stream);
   }
 }
@@ -864,7 +873,18 @@ void CudaDecoderModel::Impl::run_layers(const ModelConfig& c, const DecoderModel
     qp.q = q.data();
     qp.k = k.data();
     qp.v = v.data();
-    qkv_post(qp, s);
+    // Graph steps whose one cache format quantizes straight from the projection's output (the
+    // fused TurboQuant formats): bias, RoPE and the append in one kernel.
+    bool appended = false;
+    if (plan != nullptr && plan->layers[size_t(l)].size() == 1 &&
+        plan->layers[size_t(l)][0].rows == T) {
+      const RunPlan& run = plan->layers[size_t(l)][0];
+      PagedBatch batch;
+      AppendRows rows;
+      append_args(order, run, plan_base, &batch, &rows);
+      appended = run.format->append_qkv(batch, rows, qp, s);
+    }
+    if (!appended) qkv_post(qp, s);
 
     AttentionOptions ao;
     ao.n_heads = c.num_heads;
@@ -872,7 +892,7 @@ void CudaDecoderModel::Impl::run_layers(const ModelConfig& c, const DecoderModel
     ao.logit_softcap = c.attn_logit_softcap;
     ao.sliding_window = window;
     if (plan != nullptr) {  // planned whole (graph steps): no host decision in between
-      enqueue_appends(order, plan->layers[size_t(l)], plan_base);
+      if (!appended) enqueue_appends(order, plan->layers[size_t(l)], plan_base);
       enqueue_attention(order, plan->layers[size_t(l)], plan_base, ao);
     } else {
       // Split codecs fix their channel orders from the first chunk (a download).
