@@ -176,8 +176,8 @@ TEST_P(QuantMatmul, Avx2IntegerKernelEqualsScalarReference) {
   }
 }
 
-// The AVX-512 VNNI kernels (two weight rows per pass, so odd row counts take the one-row
-// tail; up to 4 activation rows per pass, so 6 takes two passes) against the same reference.
+// The AVX-512 VNNI kernels (two or four weight rows per pass and a one-row tail; up to 4
+// activation rows per pass, so 6 takes two passes) against the same reference.
 TEST_P(QuantMatmul, Avx512VnniIntegerKernelEqualsScalarReference) {
   if (!avx512::qmatmul_vnni_available()) GTEST_SKIP() << "no AVX-512 VNNI (or forced off)";
   const int64_t rows = 21, cols = 512;
@@ -193,10 +193,15 @@ TEST_P(QuantMatmul, Avx512VnniIntegerKernelEqualsScalarReference) {
         const ActivationBlocks xq =
             quantize_activations(x.data(), m, cols, uses_nibble_order(r.w));
         std::vector<float> y(size_t(m * rows)), want(y.size());
-        // A row range that starts and ends inside the matrix: rows outside stay untouched.
+        qmatmul_rows_ref(xq, r.w, 0, rows, want.data());
+        // All 21 rows (4-row passes and a one-row tail), and rows [2, 20) inside the matrix
+        // (4-row passes and a two-row one) with the rows outside left untouched.
+        avx512::qmatmul_rows(xq, r.w, 0, rows, y.data());
+        EXPECT_LE(relative_error(y, want), 1e-5f)
+            << weight_format_name(GetParam().format) << " group " << group << " "
+            << dtype_name(scale_dtype) << " m=" << m << ", all rows";
         std::fill(y.begin(), y.end(), -7.0f);
         avx512::qmatmul_rows(xq, r.w, 2, rows - 1, y.data());
-        qmatmul_rows_ref(xq, r.w, 0, rows, want.data());
         for (int64_t i = 0; i < m; ++i) {
           for (int64_t n : {int64_t(0), int64_t(1), rows - 1}) {
             EXPECT_EQ(y[size_t(i * rows + n)], -7.0f);
@@ -205,7 +210,7 @@ TEST_P(QuantMatmul, Avx512VnniIntegerKernelEqualsScalarReference) {
         }
         EXPECT_LE(relative_error(y, want), 1e-5f)
             << weight_format_name(GetParam().format) << " group " << group << " "
-            << dtype_name(scale_dtype) << " m=" << m;
+            << dtype_name(scale_dtype) << " m=" << m << ", rows [2, 20)";
       }
     }
   }

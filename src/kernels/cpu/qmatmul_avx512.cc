@@ -7,8 +7,8 @@
 // are powers of two), so each lane ends as the exact Σ w · x. The lanes are then converted and
 // scaled by a per-lane weight scale × activation scale (d4) into f32 accumulators; the
 // additive terms (Q4_K's −dmin·m, MLX biases) are products of per-32-block values with the
-// activation blocks' sums (dsum), 8 or 16 blocks per instruction. Two weight rows share every
-// activation load; up to 4 activation rows share every weight unpack. No int32 lane can
+// activation blocks' sums (dsum), 8 or 16 blocks per instruction. Two or four weight rows share
+// every activation load; up to 4 activation rows share every weight unpack. No int32 lane can
 // overflow: |u| <= 255, |x| <= 127, and lanes are converted after every piece.
 // GCC 12 reports the _mm512_undefined_* placeholders inside its own intrinsics (cvtepi32_ps,
 // castsi256_si512, ...) as uninitialized once they are inlined here; they are not.
@@ -31,7 +31,7 @@ namespace turbokv::avx512 {
 namespace {
 
 constexpr int kMaxGroup = 4;  // activation rows per pass over the weights
-constexpr int kRowsPerPass = 2;
+constexpr int kRowsPerPass = 2;  // weight rows per pass (four for some formats, rows_group)
 // Weight bytes requested ahead of each row stream. With 4-bit codes the loads are too sparse
 // in time for the hardware prefetcher to keep enough of a DRAM stream in flight: on a 1.2B
 // model this raised decode tokens per CPU-second by 1.3x (Q4_0) to 1.6x (MLX 4-bit).
@@ -391,6 +391,19 @@ void rows_group(const Rows& x, const WeightMatrix& w, int64_t row_begin, int64_t
                 float* y) {
   const int64_t row_bytes = w.row_bytes();
   int64_t n = row_begin;
+  // Four weight rows per pass for one or two activation rows where it measured faster
+  // (bench_qmatmul: Q4_0, Q5_0, Q4_K, MLX 4-bit); Q6_K and 8-bit codes keep two (registers).
+  const bool four = w.format == WeightFormat::kQ4_0 || w.format == WeightFormat::kQ5_0 ||
+                    w.format == WeightFormat::kQ4_K ||
+                    (w.format == WeightFormat::kAffine && w.affine.bits == 4);
+  if constexpr (M <= 2) {
+    if (four) {
+      for (; n + 4 <= row_end; n += 4) {
+        const int64_t rows[4] = {n, n + 1, n + 2, n + 3};
+        rows_pass<4, M>(x, w, row_bytes, rows, y);
+      }
+    }
+  }
   for (; n + kRowsPerPass <= row_end; n += kRowsPerPass) {
     const int64_t rows[kRowsPerPass] = {n, n + 1};
     rows_pass<kRowsPerPass, M>(x, w, row_bytes, rows, y);
