@@ -372,6 +372,42 @@ INSTANTIATE_TEST_SUITE_P(Formats, QuantMatmulTest, ::testing::ValuesIn(kFormats)
                          });
 
 // Bad arguments are rejected before any device work (fake, aligned device pointers).
+// The opt-in int8-activation GEMV of MLX 4-bit weights: against the double-sum product of the
+// reference dequantized weights with the CPU's int8 activation blocks (quantize_activations in
+// MLX nibble order, dequantized back to natural order), so the GPU must quantize x to the same
+// codes: within 1e-5 of Σ|w·x| per output, guards untouched.
+class QuantGemvInt8Test : public testing::CudaTest {};
+
+TEST_F(QuantGemvInt8Test, MatchesReferenceOnCpuInt8Blocks) {
+  const Blas blas;
+  uint32_t seed = 500;
+  for (const FormatCase& f : kFormats) {
+    if (f.format != WeightFormat::kAffine || f.bits != 4) continue;
+    for (const Shape& s : shapes_for(f)) {
+      const turbokv::testing::RandomWeight host = make_weight(f, s, seed++);
+      const DeviceQuantMatrix device = upload_quant_matrix(host.w);
+      ASSERT_TRUE(quant_gemv_int8_supported(device.view));
+      const std::vector<float> x = turbokv::testing::random_normal(size_t(s.cols), seed++);
+      const ActivationBlocks blocks = quantize_activations(x.data(), 1, s.cols, true);
+      std::vector<float> x_int8(x.size());
+      for (int64_t k = 0; k < s.cols; ++k) {
+        const int64_t base = k & ~int64_t(31), j = k & 31;
+        const int64_t natural = base + (j < 16 ? 2 * j : 2 * (j - 16) + 1);
+        x_int8[size_t(natural)] = blocks.d[size_t(k / 32)] * float(blocks.q[size_t(k)]);
+      }
+      const DeviceBuffer<float> x_device = DeviceBuffer<float>::upload(x);
+      DeviceBuffer<uint8_t> workspace(size_t(quant_gemv_int8_workspace_bytes(s.cols)));
+      DeviceBuffer<float> y = DeviceBuffer<float>::upload(std::vector<float>(
+          size_t(kGuardFloats + s.rows + kGuardFloats), bits_float(kGuardBits)));
+      quant_gemv_int8(device.view, x_device.data(), y.data() + kGuardFloats, workspace.data(),
+                      blas.stream);
+      TURBOKV_CUDA_CHECK(cudaStreamSynchronize(blas.stream));
+      check_outputs(describe(f, s) + " (int8 GEMV)", y.download(), 1, s.rows,
+                    reference_product(dequantized(host.w), x_int8, 1, s.rows, s.cols, 1e-5));
+    }
+  }
+}
+
 TEST(QuantMatmulArgs, RejectedBeforeLaunch) {
   const auto* fake = reinterpret_cast<const uint8_t*>(uintptr_t(1) << 20);
   QuantWeightsView w;

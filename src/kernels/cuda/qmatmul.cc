@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 #include "kernels/cpu/matmul.h"
@@ -210,6 +212,12 @@ void quant_matmul(const QuantWeightsView& w, const float* x, int64_t m, float* y
     throw InvalidArgument("quant_matmul: x must be a 16-byte aligned device pointer, y non-null");
   }
   const qmm::WeightArgs wa = weight_args(w);
+  if (m == 1 && gpu_int8_activations_enabled() && quant_gemv_int8_supported(w) &&
+      scratch.max_m() >= 1 &&
+      2 * scratch.max_m() * scratch.max_cols() >= quant_gemv_int8_workspace_bytes(w.cols)) {
+    qmm::launch_gemv_affine4_int8(wa, x, y, reinterpret_cast<uint8_t*>(scratch.x_bf16()), stream);
+    return;
+  }
   if (m <= kQuantGemvMaxRows) {
     qmm::GemvArgs a;
     a.w = wa;
@@ -254,6 +262,39 @@ void quant_matmul(const QuantWeightsView& w, const float* x, int64_t m, float* y
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx");
   }
+}
+
+bool gpu_int8_activations_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("TURBOKV_GPU_INT8_ACTIVATIONS");
+    return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
+  }();
+  return enabled;
+}
+
+bool quant_gemv_int8_supported(const QuantWeightsView& w) {
+  return w.format == WeightFormat::kAffine && w.bits == 4 && w.group_size >= 32 &&
+         w.cols % 32 == 0;
+}
+
+int64_t quant_gemv_int8_workspace_bytes(int64_t cols) {
+  return qmm::gemv_int8_workspace_bytes(cols);
+}
+
+void quant_gemv_int8(const QuantWeightsView& w, const float* x, float* y, void* workspace,
+                     cudaStream_t stream) {
+  check_view(w, "quant_gemv_int8");
+  if (!quant_gemv_int8_supported(w)) {
+    throw InvalidArgument(str_cat("quant_gemv_int8: ", weight_format_name(w.format), " with ",
+                                  w.bits, " bits: only MLX 4-bit weights have an int8 GEMV"));
+  }
+  if (w.rows == 0) return;
+  if (x == nullptr || y == nullptr || workspace == nullptr || !aligned(x, 16) ||
+      !aligned(workspace, 16)) {
+    throw InvalidArgument("quant_gemv_int8: x and workspace must be 16-byte aligned device "
+                          "pointers, y non-null");
+  }
+  qmm::launch_gemv_affine4_int8(weight_args(w), x, y, static_cast<uint8_t*>(workspace), stream);
 }
 
 void dequantize_to_bf16(const QuantWeightsView& w, int64_t row_begin, int64_t rows,

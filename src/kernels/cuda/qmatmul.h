@@ -106,6 +106,18 @@ inline void quant_matmul(const DeviceQuantMatrix& w, const float* x, int64_t m, 
   quant_matmul(w.view, x, m, y, ldy, scratch, blas, stream);
 }
 
+// The int8-activation decode GEMV (opt-in: TURBOKV_GPU_INT8_ACTIVATIONS=1 makes quant_matmul
+// use it for m = 1 on MLX 4-bit weights when the scratch has room, else the fp32 GEMV runs):
+// x is quantized per block of 32 as the CPU's quantize_activations does (d = max|x| / 127,
+// q = rint(x / d)) and the codes meet it in dp4a integer dot products, ~1 issue slot per
+// weight instead of ~3.5. y [w.rows] = the product, as qmatmul_rows_ref of those blocks up to
+// fp32 rounding. workspace: quant_gemv_int8_workspace_bytes(w.cols) bytes, 16-byte aligned.
+bool gpu_int8_activations_enabled();
+bool quant_gemv_int8_supported(const QuantWeightsView& w);
+int64_t quant_gemv_int8_workspace_bytes(int64_t cols);
+void quant_gemv_int8(const QuantWeightsView& w, const float* x, float* y, void* workspace,
+                     cudaStream_t stream);
+
 // out [n, w.cols] fp32 = scale * dequant(w)[ids[i], :] for i < n, an embedding lookup equal to
 // gather_rows_ref. ids [n] on the device, checked by the caller (check_gather_rows): the row
 // of an id outside [0, w.rows) comes out NaN. out 16-byte aligned.
