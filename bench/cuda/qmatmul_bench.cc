@@ -8,7 +8,8 @@
 //
 //   build/bench/cuda/qmatmul_bench [--m 1] [--reps 40] [--formats q4_0,q4_k,mlx4]
 //
-// formats: q8_0 q4_0 q5_0 q4_k q6_k mlx2 mlx4 mlx8 (MLX: group 64, bf16 scales).
+// formats: q8_0 q4_0 q5_0 q4_k q6_k mlx2 mlx4 mlx8 (MLX: group 64, bf16 scales), and
+// mlx4_int8: mlx4 through the int8-activation GEMV (quant_gemv_int8, --m 1 only).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -176,7 +177,7 @@ Options parse(int argc, char** argv) {
       o.formats.clear();
       std::stringstream list(v);
       for (std::string f; std::getline(list, f, ',');) {
-        if (kFormats.count(f) == 0) usage("unknown format " + f);
+        if (kFormats.count(f) == 0 && f != "mlx4_int8") usage("unknown format " + f);
         o.formats.push_back(f);
       }
     } else {
@@ -203,6 +204,7 @@ int run(const Options& o) {
   check_blas(cublasSetWorkspace(blas, workspace.data(), workspace.bytes()), "cublasSetWorkspace");
   Timer timer(stream);
   QuantScratch no_scratch;
+  DeviceBuffer<uint8_t> int8_workspace(size_t(quant_gemv_int8_workspace_bytes(14336)));
 
   const int64_t max_cols = 14336, max_rows = 128256;
   DeviceBuffer<float> x(size_t(o.m * max_cols));
@@ -238,7 +240,9 @@ int run(const Options& o) {
     model_us["bf16"] += dense_us * s.per_model;
     model_bytes["bf16"] += double(dense_bytes) * s.per_model;
     for (const std::string& name : o.formats) {
-      const HostMatrix host = random_matrix(kFormats.at(name), s.rows, s.cols);
+      const bool int8 = name == "mlx4_int8";
+      if (int8 && o.m != 1) continue;
+      const HostMatrix host = random_matrix(kFormats.at(int8 ? "mlx4" : name), s.rows, s.cols);
       const size_t bytes = size_t(host.w.total_bytes());
       const int copies = copies_for(bytes);
       std::vector<DeviceQuantMatrix> weights;
@@ -246,8 +250,13 @@ int run(const Options& o) {
       for (int c = 1; c < copies; ++c) weights.push_back(upload_quant_matrix(host.w));
       const double us = timer.per_call_us(
           [&](int c) {
-            quant_matmul(weights[size_t(c)], x.data(), o.m, y.data(), s.rows, no_scratch, blas,
-                         stream);
+            if (int8) {
+              quant_gemv_int8(weights[size_t(c)].view, x.data(), y.data(), int8_workspace.data(),
+                              stream);
+            } else {
+              quant_matmul(weights[size_t(c)], x.data(), o.m, y.data(), s.rows, no_scratch, blas,
+                           stream);
+            }
           },
           copies, o.reps);
       model_us[name] += us * s.per_model;
