@@ -32,7 +32,7 @@ namespace {
 struct AttentionBenchFlags {
   std::string device = "cpu";
   std::string contexts = "1024,4096,16384,65536";
-  std::string turboquant_bits = "3.5";
+  std::string turboquant_bits = "3.5,4/3";  // layer 0 and the later layers of --kv-bits 3.5
   std::string isa = "best";
   int threads = 2;
   int repeats = 0;  // 0: chosen per context
@@ -55,10 +55,24 @@ std::vector<int64_t> parse_contexts(const std::string& text) {
   return contexts;
 }
 
+// "tq_<item>", with the key and value bits when the item does not spell them: "tq_3.5=K3/V4".
+std::string turboquant_cache_name(const std::string& item, const TurboQuantKVConfig& config) {
+  if (item.find('/') != std::string::npos || config.key_bits == config.value_bits) {
+    return "tq_" + item;
+  }
+  auto bits = [](double b) {
+    char text[16];
+    std::snprintf(text, sizeof(text), "%g", b);
+    return std::string(text);
+  };
+  return str_cat("tq_", item, "=K", bits(config.key_bits), "/V", bits(config.value_bits));
+}
+
 // "3.5,4,4/3" -> the TurboQuant cache configurations of --kv-bits 3.5 and 4 (keys floor, values
 // ceil, as resolve_kv_options selects them, with its default levers) and of keys 4 / values 3
-// (the layers after the first of the default 3.5 split), each followed by
-// "<bits>_plain", the same bits with every lever off, when the defaults turn any on.
+// (the layers after the first of the default 3.5 split), named as turboquant_cache_name gives
+// them, each followed by "<name>_plain", the same bits with every lever off, when the defaults
+// turn any on.
 std::vector<std::pair<std::string, TurboQuantKVConfig>> parse_turboquant_bits(
     const std::string& text) {
   std::vector<std::pair<std::string, TurboQuantKVConfig>> configs;
@@ -74,11 +88,11 @@ std::vector<std::pair<std::string, TurboQuantKVConfig>> parse_turboquant_bits(
     }
     options.kv_quant_scheme = "turboquant";
     const TurboQuantKVConfig defaults = turboquant_config(resolve_kv_options(options));
-    configs.emplace_back(item, defaults);
+    configs.emplace_back(turboquant_cache_name(item, defaults), defaults);
     TurboQuantKVConfig plain{defaults.key_bits, defaults.value_bits, defaults.seed,
                              defaults.norm_correction};
     if (defaults.center_keys || defaults.center_values || defaults.sink_tokens > 0) {
-      configs.emplace_back(item + "_plain", plain);
+      configs.emplace_back(turboquant_cache_name(item, defaults) + "_plain", plain);
     }
   }
   if (configs.empty()) throw InvalidArgument("--turboquant-bits: give at least one bit width");
@@ -215,8 +229,8 @@ int run_attention_bench(const AttentionBenchFlags& flags) {
         "us in the same round; speedup = dense median / median (min / min); GB/s = cache bytes "
         "read per second at the min; read = streaming-read loop (best pass), same run\n",
         kHeads, kKvHeads, kHeadDim, flags.threads, attention_isa_name(isa), cpu_feature_names());
-    std::printf("%8s %-13s %10s %10s %7s %15s %8s %8s\n", "context", "cache", "median_us", "min_us",
-                "paired", "speedup", "GB/s", "read");
+    std::printf("%8s %-15s %10s %10s %7s %15s %8s %8s\n", "context", "cache", "median_us",
+                "min_us", "paired", "speedup", "GB/s", "read");
   }
   for (const int64_t context : contexts) {
     const int repeats = flags.repeats > 0
@@ -225,9 +239,9 @@ int run_attention_bench(const AttentionBenchFlags& flags) {
     std::vector<BenchCache> caches;
     caches.push_back(
         {"dense_f16", std::make_unique<DenseKVCache>(kKvHeads, kHeadDim, KVDType::kF16), {}});
-    for (const auto& [bits, config] : turboquant) {
+    for (const auto& [name, config] : turboquant) {
       caches.push_back(
-          {"tq_" + bits, std::make_unique<TurboQuantKVCache>(kKvHeads, kHeadDim, config), {}});
+          {name, std::make_unique<TurboQuantKVCache>(kKvHeads, kHeadDim, config), {}});
     }
     caches.push_back(
         {"uniform_4",
@@ -275,7 +289,7 @@ int run_attention_bench(const AttentionBenchFlags& flags) {
         char speedup[32];
         std::snprintf(speedup, sizeof(speedup), "%.2fx (%.2fx)", dense_median / med,
                       dense_min / best);
-        std::printf("%8lld %-13s %10.1f %10.1f %6.2fx %15s %8.1f %8.1f\n",
+        std::printf("%8lld %-15s %10.1f %10.1f %6.2fx %15s %8.1f %8.1f\n",
                     static_cast<long long>(context), c.name.c_str(), med, best, paired, speedup,
                     gbps, read_gbps);
       }
