@@ -44,9 +44,10 @@ INSTANTIATE_TEST_SUITE_P(Families, HfTinyGolden,
                          ::testing::Values("llama", "qwen2", "qwen3", "mistral", "gemma3_text",
                                            "phi3", "qwen3_moe"));
 
-// Hybrid linear attention (qwen3_5), Gemma 4 (sliding/global head dims, KV-shared layers,
-// per-layer inputs) and latent attention with a shared-expert MoE (deepseek_v3): fp32 weights,
-// logits within 1e-4 of transformers 5.17.
+// Hybrid linear attention (qwen3_5, and its MoE variant with a gated shared expert), Gemma 4
+// (sliding/global head dims, KV-shared layers, per-layer inputs; keys-equal-values global layers
+// with their own KV head count) and latent attention with a shared-expert MoE (deepseek_v3): fp32
+// weights, logits within 1e-4 of transformers 5.17.
 class HfTinyGoldenNewKinds : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(HfTinyGoldenNewKinds, LogitsAndGreedyTokensMatchTransformers) {
@@ -55,7 +56,8 @@ TEST_P(HfTinyGoldenNewKinds, LogitsAndGreedyTokensMatchTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfTinyGoldenNewKinds,
-                         ::testing::Values("qwen3_5_text", "gemma4_text", "deepseek_v3"));
+                         ::testing::Values("qwen3_5_text", "gemma4_text", "deepseek_v3",
+                                           "gemma4_text_k_eq_v", "qwen3_5_moe_text"));
 
 // transformers 5 runs gemma2 with SDPA attention by default, and SDPA skips
 // attn_logit_softcapping (only the eager path applies it); the fixture was made that way.
@@ -169,7 +171,8 @@ TEST_P(SplitPrompt, PiecesAgreeWithOneForward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(NewKinds, SplitPrompt,
-                         ::testing::Values("qwen3_5_text", "gemma4_text", "deepseek_v3"));
+                         ::testing::Values("qwen3_5_text", "gemma4_text", "deepseek_v3",
+                                           "gemma4_text_k_eq_v", "qwen3_5_moe_text"));
 
 TEST(BatchedForward, RejectsBadChunks) {
   std::unique_ptr<Model> model = Model::load(fixture("hf-tiny/llama"));

@@ -81,6 +81,31 @@ TEST(LayerKinds, Qwen3_5LinearLayersKeepAnUntouchedRecurrentState) {
   EXPECT_EQ(caches[3]->size(), 40);
 }
 
+// The transformers-made variants: Gemma 4 keys-equal-values global layers (one KV head of 32, no
+// v_proj) and the Qwen3.5 MoE (every MLP sparse, its one attention layer the last one).
+TEST(LayerKinds, KeysEqualValuesAndQwen3_5MoeCacheTypes) {
+  const ModelConfig g = load_model_config(fixture("hf-tiny/gemma4_text_k_eq_v"));
+  EXPECT_TRUE(g.attention[2].values_from_keys && g.attention[5].values_from_keys);
+  EXPECT_FALSE(g.attention[0].values_from_keys);
+  EXPECT_EQ(g.attention[2].num_kv_heads, 1);
+  EXPECT_EQ(g.attention[2].head_dim, 32);
+  std::unique_ptr<Model> gemma = Model::load(fixture("hf-tiny/gemma4_text_k_eq_v"));
+  LayerCaches gc = make_layer_caches(gemma->layer_specs(), kv_bits(3.5, false));
+  EXPECT_EQ(cache_types(gc), (std::vector<std::string>{"rotating", "rotating", "turboquant",
+                                                       "rotating", "shared", "shared"}));
+  expect_finite_forward(*gemma, gc);
+
+  const ModelConfig q = load_model_config(fixture("hf-tiny/qwen3_5_moe_text"));
+  EXPECT_EQ(q.num_experts, 4);
+  EXPECT_TRUE(q.shared_expert_gate);
+  EXPECT_EQ(q.moe_layer, std::vector<bool>(4, true));
+  std::unique_ptr<Model> qwen = Model::load(fixture("hf-tiny/qwen3_5_moe_text"));
+  LayerCaches qc = make_layer_caches(qwen->layer_specs(), kv_bits(3.5));
+  EXPECT_EQ(cache_types(qc), (std::vector<std::string>{"recurrent", "recurrent", "recurrent",
+                                                       "dense-f16"}));
+  expect_finite_forward(*qwen, qc);
+}
+
 TEST(LayerKinds, LastAttentionLayerIsNotTheLastLayerIndex) {
   // A hybrid whose last layer is linear: the last attention layer (5) stays dense.
   std::vector<LayerSpec> specs(7);
@@ -185,7 +210,8 @@ TEST_P(KvPerplexity, RunsFiniteWithTurboQuant) {
 }
 
 INSTANTIATE_TEST_SUITE_P(NewKinds, KvPerplexity,
-                         ::testing::Values("qwen3_5_text", "gemma4_text", "deepseek_v3"));
+                         ::testing::Values("qwen3_5_text", "gemma4_text", "deepseek_v3",
+                                           "gemma4_text_k_eq_v", "qwen3_5_moe_text"));
 
 }  // namespace
 }  // namespace turbokv
