@@ -398,28 +398,10 @@ struct CudaDecoderModel::Impl {
   std::unique_ptr<HybridForward> hybrid;
 };
 
+// The plain-attention families always run here; the rest (layer kinds, per-layer geometry,
+// grouped or shared-expert MoE) on HybridForward, which says what it cannot run.
 std::string cuda_unsupported_reason(const ModelConfig& c) {
-  if (needs_hybrid_forward(c)) return hybrid_unsupported_reason(c);
-  for (int l = 0; l < c.num_layers; ++l) {
-    if (c.layer_kind[size_t(l)] != LayerKind::kAttention) {
-      return str_cat(layer_kind_name(c.layer_kind[size_t(l)]), " layers (", c.model_type, ")");
-    }
-    const AttentionLayerConfig& a = c.attention[size_t(l)];
-    if (a.kv_source >= 0 || a.values_from_keys) return "KV-shared layers (gemma4)";
-    if (a.num_heads != c.num_heads || a.num_kv_heads != c.num_kv_heads ||
-        a.head_dim != c.head_dim) {
-      return "layers of different attention shapes (gemma4)";
-    }
-  }
-  if (c.attention_output_gate || c.v_norm || c.per_layer_input_dim > 0 || c.layer_scalar) {
-    return "attention output gates, value norms or per-layer inputs";
-  }
-  if (!c.intermediate_per_layer.empty()) return "MLP widths that differ per layer";
-  if (c.num_experts > 0 &&
-      (c.moe_routing != MoeRouting::kSoftmaxTopK || c.shared_expert_intermediate > 0)) {
-    return "grouped MoE routing or shared experts (deepseek_v3)";
-  }
-  return "";
+  return needs_hybrid_forward(c) ? hybrid_unsupported_reason(c) : "";
 }
 
 // The KV pool takes what is left (a fraction of it), or the bytes asked for.
