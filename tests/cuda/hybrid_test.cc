@@ -867,6 +867,83 @@ TEST_P(HybridGolden, Bf16WeightsAgreeWithTheCpu) {
   EXPECT_LT(kl, 1e-2);
 }
 
+// gemma4 with 288-dim global heads (wider than the paged formats, as gemma-4-31b's 512): those
+// layers get contiguous dense caches, GPU against CPU with dense caches and with --kv-bits 3.5
+// (where layer 2, the cache the last layer reads, stays dense); quantizing such a layer is
+// refused by name.
+TEST_F(HybridKernels, Gemma4WideGlobalHeadsAgreeWithTheCpu) {
+  const std::string dir = fixture("hf-tiny/gemma4_text");
+  std::ifstream in(dir + "/config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  const int64_t H = config.at("hidden_size").get<int>(), D = 288;
+  const int64_t heads = config.at("num_attention_heads").get<int>();
+  const int64_t kvh = config.at("num_key_value_heads").get<int>();
+  std::vector<int> global;
+  for (size_t l = 0; l < config.at("layer_types").size(); ++l) {
+    if (config["layer_types"][l] == "full_attention") global.push_back(int(l));
+  }
+  for (int l : global) config["per_layer_config"][std::to_string(l)] = {{"head_dim", D}};
+  const std::string tmp = ::testing::TempDir() + "/gemma4_wide";
+  std::filesystem::create_directories(tmp);
+  std::ofstream(tmp + "/config.json") << config.dump();
+  const SafetensorsFile src = SafetensorsFile::open(dir + "/model.safetensors");
+  std::vector<std::pair<std::string, std::pair<std::vector<int64_t>, std::vector<float>>>> ts;
+  uint64_t seed = 90;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, float mean) {
+    int64_t count = 1;
+    for (int64_t v : shape) count *= v;
+    std::vector<float> w = random_normal(size_t(count), seed++, 0.1f);
+    for (float& v : w) v += mean;
+    ts.push_back({name, {shape, w}});
+  };
+  for (const TensorView& t : src.tensors()) {
+    bool replaced = false;
+    for (int l : global) {
+      replaced |= t.name.find("layers." + std::to_string(l) + ".self_attn.") != std::string::npos;
+    }
+    if (!replaced) ts.push_back({t.name, {t.shape, SafetensorsFile::to_f32(t)}});
+  }
+  for (int l : global) {
+    const std::string a = "model.layers." + std::to_string(l) + ".self_attn.";
+    add(a + "q_proj.weight", {heads * D, H}, 0);
+    add(a + "o_proj.weight", {H, heads * D}, 0);
+    add(a + "q_norm.weight", {D}, 1);
+    add(a + "k_proj.weight", {kvh * D, H}, 0);
+    add(a + "v_proj.weight", {kvh * D, H}, 0);
+    add(a + "k_norm.weight", {D}, 1);
+  }
+  write_safetensors(tmp + "/model.safetensors", ts);
+  std::unique_ptr<Model> cpu = Model::load(tmp);
+  auto gpu = load_gpu(tmp);
+  EXPECT_THROW(gpu->make_caches(kv_bits(3.5, false), DenseElem::kF32), Unsupported);
+  const int V = cpu->info().vocab_size;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 24; ++i) ids.push_back((i * 59 + 13) % V);
+  for (const ResolvedKV& kv : {ResolvedKV{}, kv_bits(3.5, true)}) {
+    std::vector<float> want(ids.size() * size_t(V)), got(want.size());
+    LayerCaches cc = make_layer_caches(cpu->layer_specs(), kv, KVDType::kF32);
+    LayerCaches gc = gpu->make_caches(kv, DenseElem::kF32);
+    for (size_t l = 0; l < cc.size(); ++l) {
+      EXPECT_EQ(gc[l]->type_name(), cc[l]->type_name()) << "layer " << l;
+    }
+    Model::Chunk a{ids.data(), 18, &cc, want.data(), true};
+    Model::Chunk b{ids.data(), 18, &gc, got.data(), true};
+    cpu->forward({&a, 1});
+    gpu->forward({&b, 1});
+    for (int i = 18; i < 24; ++i) {
+      Model::Chunk sa{ids.data() + i, 1, &cc, want.data() + size_t(i) * V, true};
+      Model::Chunk sb{ids.data() + i, 1, &gc, got.data() + size_t(i) * V, true};
+      cpu->forward({&sa, 1});
+      gpu->forward({&sb, 1});
+    }
+    EXPECT_EQ(gc[size_t(global[0])]->nbytes(), cc[size_t(global[0])]->nbytes());
+    const double diff = max_abs_diff(got, want);
+    std::printf("  gemma4, 288-dim global heads (%s): largest logit difference GPU vs CPU %.3g\n",
+                kv.scheme == KVScheme::kDense ? "dense" : "kv 3.5", diff);
+    EXPECT_LT(diff, 1e-4);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, HybridGolden,
                          ::testing::Values("qwen3_5_text", "gemma4_text", "deepseek_v3",
                                            "gemma4_text_k_eq_v", "qwen3_5_moe_text"));

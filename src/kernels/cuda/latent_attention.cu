@@ -42,26 +42,30 @@ __device__ float block_reduce(float v, bool is_max) {
   return total;
 }
 
-__global__ void latent_kernel(const void* rows, Elem elem, int64_t len, int dim, const float* q,
-                              int n_q, int heads, float scale, float* workspace, float* out) {
+// k, v rows [len, kv_heads, dim]; query head h reads KV head h / (heads / kv_heads).
+__global__ void contiguous_kernel(const void* k, const void* v, Elem elem, int64_t len,
+                                  int kv_heads, int dim, const float* q, int n_q, int heads,
+                                  float scale, int window, float* workspace, float* out) {
   extern __shared__ float qs[];  // [dim]
   const int h = blockIdx.x, i = blockIdx.y;
+  const int64_t kv = h / (heads / kv_heads), stride = int64_t(kv_heads) * dim;
   const float* qr = q + (int64_t(i) * heads + h) * dim;
   for (int d = threadIdx.x; d < dim; d += blockDim.x) qs[d] = qr[d];
   __syncthreads();
-  const int64_t visible = len - n_q + i + 1;
+  const int64_t pos = len - n_q + i, end = pos + 1;
+  const int64_t begin = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
   float* p = workspace + (int64_t(i) * heads + h) * len;
   float m = -FLT_MAX;
-  for (int64_t s = threadIdx.x; s < visible; s += blockDim.x) {
+  for (int64_t s = begin + threadIdx.x; s < end; s += blockDim.x) {
     float acc = 0;
-    for (int d = 0; d < dim; ++d) acc += qs[d] * load(rows, elem, s * dim + d);
+    for (int d = 0; d < dim; ++d) acc += qs[d] * load(k, elem, s * stride + kv * dim + d);
     acc *= scale;
     p[s] = acc;
     m = fmaxf(m, acc);
   }
   m = block_reduce(m, true);
   float sum = 0;
-  for (int64_t s = threadIdx.x; s < visible; s += blockDim.x) {
+  for (int64_t s = begin + threadIdx.x; s < end; s += blockDim.x) {
     const float e = expf(p[s] - m);
     p[s] = e;
     sum += e;
@@ -71,7 +75,7 @@ __global__ void latent_kernel(const void* rows, Elem elem, int64_t len, int dim,
   float* o = out + (int64_t(i) * heads + h) * dim;
   for (int d = threadIdx.x; d < dim; d += blockDim.x) {
     float acc = 0;
-    for (int64_t s = 0; s < visible; ++s) acc += p[s] * load(rows, elem, s * dim + d);
+    for (int64_t s = begin; s < end; ++s) acc += p[s] * load(v, elem, s * stride + kv * dim + d);
     o[d] = acc * inv;
   }
 }
@@ -82,17 +86,26 @@ int64_t latent_attention_workspace_floats(int n_q, int heads, int64_t len) {
   return int64_t(n_q) * heads * len;
 }
 
-void latent_attention(const void* rows, Elem elem, int64_t len, int dim, const float* q, int n_q,
-                      int heads, float scale, float* workspace, float* out, cudaStream_t stream) {
+void contiguous_attention(const void* k, const void* v, Elem elem, int64_t len, int kv_heads,
+                          int dim, const float* q, int n_q, int heads, float scale, int window,
+                          float* workspace, float* out, cudaStream_t stream) {
   if (n_q <= 0) return;
-  if (len < n_q || dim <= 0 || heads <= 0) {
-    throw InvalidArgument(str_cat("latent_attention: ", n_q, " queries over ", len, " rows of ",
-                                  dim, " dims, ", heads, " heads"));
+  if (len < n_q || dim <= 0 || kv_heads <= 0 || heads <= 0 || heads % kv_heads != 0 ||
+      window < 0) {
+    throw InvalidArgument(str_cat("contiguous_attention: ", n_q, " queries over ", len,
+                                  " rows of ", kv_heads, " KV heads of ", dim, " dims, ", heads,
+                                  " heads, window ", window));
   }
   const dim3 grid{unsigned(heads), unsigned(n_q)};
-  latent_kernel<<<grid, kThreads, size_t(dim) * sizeof(float), stream>>>(
-      rows, elem, len, dim, q, n_q, heads, scale, workspace, out);
+  contiguous_kernel<<<grid, kThreads, size_t(dim) * sizeof(float), stream>>>(
+      k, v, elem, len, kv_heads, dim, q, n_q, heads, scale, window, workspace, out);
   TURBOKV_CUDA_CHECK(cudaGetLastError());
+}
+
+void latent_attention(const void* rows, Elem elem, int64_t len, int dim, const float* q, int n_q,
+                      int heads, float scale, float* workspace, float* out, cudaStream_t stream) {
+  contiguous_attention(rows, rows, elem, len, 1, dim, q, n_q, heads, scale, 0, workspace, out,
+                       stream);
 }
 
 }  // namespace turbokv::cuda

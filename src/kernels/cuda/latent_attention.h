@@ -16,6 +16,13 @@ namespace turbokv::cuda {
 
 int64_t latent_attention_workspace_floats(int n_q, int heads, int64_t len);
 
+// The same over separate keys and values [len, kv_heads, dim] (dense attention layers whose
+// heads are wider than the paged formats take): query head h reads KV head h / (heads /
+// kv_heads); window > 0: a query at p sees keys in (p - window, p].
+void contiguous_attention(const void* k, const void* v, Elem elem, int64_t len, int kv_heads,
+                          int dim, const float* q, int n_q, int heads, float scale, int window,
+                          float* workspace, float* out, cudaStream_t stream);
+
 void latent_attention(const void* rows, Elem elem, int64_t len, int dim, const float* q, int n_q,
                       int heads, float scale, float* workspace, float* out, cudaStream_t stream);
 

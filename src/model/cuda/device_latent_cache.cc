@@ -102,4 +102,115 @@ void DeviceLatentCache::attend(const float* q, int n_q, const AttentionParams& p
   std::copy(host.begin(), host.end(), out);
 }
 
+namespace {
+
+Elem elem_of(DenseElem e) {
+  return e == DenseElem::kF32 ? Elem::kF32 : e == DenseElem::kF16 ? Elem::kF16 : Elem::kBF16;
+}
+
+const char* dense_name(DenseElem e) {
+  return e == DenseElem::kF32 ? "dense-f32" : e == DenseElem::kF16 ? "dense-f16" : "dense-bf16";
+}
+
+// Grows buf (bytes) to hold `need` bytes, keeping its first `keep` bytes.
+void grow(DeviceBuffer<uint8_t>& buf, size_t need, size_t keep, cudaStream_t stream) {
+  if (need <= buf.size()) return;
+  DeviceBuffer<uint8_t> grown(std::max(need, 2 * buf.size()));
+  if (keep > 0) {
+    TURBOKV_CUDA_CHECK(
+        cudaMemcpyAsync(grown.data(), buf.data(), keep, cudaMemcpyDeviceToDevice, stream));
+  }
+  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer goes now
+  buf = std::move(grown);
+}
+
+}  // namespace
+
+DeviceWideKVCache::DeviceWideKVCache(int kv_heads, int head_dim, DenseElem elem, int window,
+                                     cudaStream_t stream)
+    : kv_heads_(kv_heads), dim_(head_dim), dense_(elem), elem_(elem_of(elem)),
+      window_(window), stream_(stream) {
+  if (kv_heads < 1 || kv_heads > 1024 || head_dim < 1 || head_dim > 4096 || window < 0) {
+    throw InvalidArgument(str_cat("wide KV cache of ", kv_heads, " KV heads of ", head_dim,
+                                  " dims, window ", window));
+  }
+}
+
+std::string DeviceWideKVCache::type_name() const {
+  return window_ > 0 ? "rotating" : dense_name(dense_);
+}
+
+size_t DeviceWideKVCache::nbytes() const {
+  const int64_t held = window_ > 0 ? std::min<int64_t>(size_, window_) : size_;
+  return size_t(held) * size_t(kv_heads_) * size_t(dim_) * elem_bytes(elem_) * 2;
+}
+
+void DeviceWideKVCache::append_device(const float* k, const float* v, int n) {
+  if (n < 0 || (n > 0 && (k == nullptr || v == nullptr))) {
+    throw InvalidArgument(str_cat("wide KV cache: append of ", n, " rows without data"));
+  }
+  if (n == 0) return;
+  const int64_t row = int64_t(kv_heads_) * dim_;
+  const size_t row_bytes = size_t(row) * elem_bytes(elem_);
+  grow(keys_, size_t(size_ + n) * row_bytes, size_t(size_) * row_bytes, stream_);
+  grow(values_, size_t(size_ + n) * row_bytes, size_t(size_) * row_bytes, stream_);
+  cast(k, int64_t(n) * row, keys_.data() + size_t(size_) * row_bytes, elem_, stream_);
+  cast(v, int64_t(n) * row, values_.data() + size_t(size_) * row_bytes, elem_, stream_);
+  size_ += n;
+}
+
+void DeviceWideKVCache::append(const float* k, const float* v, int n_tokens) {
+  check_append(k, v, n_tokens);
+  if (n_tokens == 0) return;
+  const size_t count = size_t(n_tokens) * size_t(kv_heads_) * size_t(dim_);
+  DeviceBuffer<float> dk = DeviceBuffer<float>::upload(std::vector<float>(k, k + count));
+  DeviceBuffer<float> dv = DeviceBuffer<float>::upload(std::vector<float>(v, v + count));
+  append_device(dk.data(), dv.data(), n_tokens);
+  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void DeviceWideKVCache::trim(int64_t n) {
+  if (n < 0 || n > size_) {
+    throw InvalidArgument(str_cat("trim(", n, ") of a cache of ", size_, " tokens"));
+  }
+  size_ -= n;
+}
+
+void DeviceWideKVCache::attend_device(const float* q, int n_q, int n_heads, float scale,
+                                      float* out) const {
+  if (n_q < 1 || n_q > size_) {
+    throw InvalidArgument(str_cat("wide KV cache: ", n_q, " queries over ", size_, " tokens"));
+  }
+  constexpr int64_t kMaxWorkspace = int64_t(64) << 20;
+  const int group = int(std::clamp<int64_t>(kMaxWorkspace / (int64_t(n_heads) * size_), 1, n_q));
+  const int64_t floats = latent_attention_workspace_floats(group, n_heads, size_);
+  if (size_t(floats) > workspace_.size()) {
+    TURBOKV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    workspace_ = DeviceBuffer<float>(size_t(floats));
+  }
+  for (int i0 = 0; i0 < n_q; i0 += group) {
+    const int n = std::min(group, n_q - i0);
+    const int64_t len = size_ - (n_q - (i0 + n));
+    const size_t at = size_t(i0) * n_heads * dim_;
+    contiguous_attention(keys_.data(), values_.data(), elem_, len, kv_heads_, dim_, q + at, n,
+                         n_heads, scale, window_, workspace_.data(), out + at, stream_);
+  }
+}
+
+void DeviceWideKVCache::attend(const float* q, int n_q, const AttentionParams& params,
+                               float* out) const {
+  check_attend(q, n_q, params, out);
+  if (params.logit_softcap != 0 ||
+      (params.sliding_window != 0 && params.sliding_window != window_)) {
+    throw InvalidArgument("wide KV cache: attention without soft-capping, in its own window");
+  }
+  const size_t count = size_t(n_q) * params.n_heads * dim_;
+  DeviceBuffer<float> dq = DeviceBuffer<float>::upload(std::vector<float>(q, q + count));
+  DeviceBuffer<float> dout(count);
+  attend_device(dq.data(), n_q, params.n_heads, params.scale, dout.data());
+  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const std::vector<float> host = dout.download();
+  std::copy(host.begin(), host.end(), out);
+}
+
 }  // namespace turbokv::cuda

@@ -239,12 +239,6 @@ std::string hybrid_unsupported_reason(const ModelConfig& c) {
   if (c.qkv_bias && c.attention_output_gate) return "attention output gates with q/k/v biases";
   if (c.fused_qkv || c.fused_gate_up) return "fused projections in hybrid models";
   if (c.attn_logit_softcap > 0) return "attention logit soft-capping in hybrid models";
-  for (int l = 0; l < c.num_layers; ++l) {
-    const LayerKind kind = c.layer_kind[size_t(l)];
-    if (kind == LayerKind::kAttention && c.attention[size_t(l)].head_dim > 256) {
-      return str_cat("attention heads of dim ", c.attention[size_t(l)].head_dim, " (above 256)");
-    }
-  }
   return "";
 }
 
@@ -537,7 +531,11 @@ void HybridForward::Impl::attention_layer(int l, const std::vector<SequenceRows>
   }
   float* attn = buf(kAttn, T * q_dim);
   for (const SequenceRows& s : rows) {
-    if (own_kv) {
+    if (auto* wide = dynamic_cast<DeviceWideKVCache*>(s.cache)) {  // heads above 256 dims
+      wide->append_device(k + s.row * kv_dim, v + s.row * kv_dim, s.count);
+      wide->attend_device(q + s.row * q_dim, s.count, a.num_heads, c.attention_scale,
+                          attn + s.row * q_dim);
+    } else if (own_kv) {
       DeviceKVCache& cache = device_kv(s.cache, l);
       cache.append_device(k + s.row * kv_dim, v + s.row * kv_dim, s.count);
       attend(cache, q + s.row * q_dim, s.count, a.num_heads, a.sliding_window,
@@ -548,6 +546,11 @@ void HybridForward::Impl::attention_layer(int l, const std::vector<SequenceRows>
         throw InvalidArgument(str_cat("layer ", l,
                                       ": a KV-shared layer needs a shared view (got a ",
                                       s.cache->type_name(), " cache)"));
+      }
+      if (const auto* wide = dynamic_cast<const DeviceWideKVCache*>(&shared->owner())) {
+        wide->attend_device(q + s.row * q_dim, s.count, a.num_heads, c.attention_scale,
+                            attn + s.row * q_dim);
+        continue;
       }
       const auto* owner = dynamic_cast<const DeviceKVCache*>(&shared->owner());
       if (owner == nullptr) throw InvalidArgument(str_cat("layer ", l, ": owner not on the GPU"));
@@ -962,6 +965,18 @@ LayerCaches HybridForward::make_caches(DeviceCacheContext& context,
       }
       caches.push_back(
           std::make_unique<SharedKVCache>(caches[size_t(p.shared_with)].get(), p.shared_with));
+    } else if (p.layer == LayerStateKind::kAttention && p.head_dim > 256) {
+      // Heads wider than the paged formats: dense contiguous keys and values, which no GPU codec
+      // takes; a quantized plan for such a layer is refused.
+      if (p.kind != LayerCacheKind::kDense && p.kind != LayerCacheKind::kRotating) {
+        throw Unsupported(str_cat("--device cuda: ", layer_cache_kind_name(p.kind),
+                                  " caches of attention heads of ", p.head_dim,
+                                  " dims (the GPU's codecs take up to 256); use --device cpu, "
+                                  "or no --kv-bits for a dense cache"));
+      }
+      caches.push_back(std::make_unique<DeviceWideKVCache>(
+          p.kv_heads, p.head_dim, dense_elem,
+          p.kind == LayerCacheKind::kRotating ? p.window : 0, context.stream()));
     } else if (p.layer == LayerStateKind::kLatent && p.head_dim > 256) {
       // Wider than the paged formats: one contiguous buffer of rows (device_latent_cache.h).
       caches.push_back(

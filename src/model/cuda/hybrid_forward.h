@@ -8,7 +8,8 @@
 //   xn = rms_norm(x); token mixing by the layer's kind:
 //     attention        : q [| gate] , k, v GEMMs; qkv_post (bias, q/k norm, RoPE over the
 //                        layer's rotary dims); [v = v_norm(v)]; per sequence: append to its
-//                        device cache (KV-shared layers: none, they read the owner's), attend;
+//                        device cache (paged; a dense contiguous one for heads above 256 dims;
+//                        KV-shared layers: none, they read the owner's), attend;
 //                        [attn *= sigmoid(gate)]; o GEMM
 //     linear_attention : in_proj GEMMs; per sequence: causal conv on its device recurrent
 //                        state's history, the gated delta rule on its state (the recurrence for
