@@ -67,6 +67,14 @@ inline __m256i bits_to_0x10(uint32_t bits) {
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
+// Weight bytes requested ahead of each row stream (as in qmatmul_avx512.cc: the quantized
+// streams are too sparse in time for the hardware prefetcher alone).
+constexpr int kPrefetchBytes = 4096;
+
+inline void prefetch(const uint8_t* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
+}
+
 inline __m256i load32(const void* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
@@ -105,6 +113,7 @@ template <int M>
 void row_q8_0(const uint8_t* row, const Rows& x, __m256* acc, float*) {
   for (int64_t c = 0; c < x.nb; ++c) {
     const uint8_t* b = row + 34 * c;
+    prefetch(b);
     accumulate<true, M>(x, c, load32(b + 2), half_at(b), acc);
   }
 }
@@ -113,6 +122,7 @@ template <int M>
 void row_q4_0(const uint8_t* row, const Rows& x, __m256* acc, float*) {
   for (int64_t c = 0; c < x.nb; ++c) {
     const uint8_t* b = row + 18 * c;
+    if (c % 2 == 0) prefetch(b);
     const __m256i w = _mm256_sub_epi8(unpack_nibbles16(b + 2), _mm256_set1_epi8(8));
     accumulate<true, M>(x, c, w, half_at(b), acc);
   }
@@ -122,6 +132,7 @@ template <int M>
 void row_q5_0(const uint8_t* row, const Rows& x, __m256* acc, float*) {
   for (int64_t c = 0; c < x.nb; ++c) {
     const uint8_t* b = row + 22 * c;
+    if (c % 2 == 0) prefetch(b);
     uint32_t qh;
     std::memcpy(&qh, b + 2, 4);
     const __m256i q = _mm256_or_si256(unpack_nibbles16(b + 6), bits_to_0x10(qh));
@@ -133,6 +144,8 @@ template <int M>
 void row_q4_k(const uint8_t* row, const Rows& x, __m256* acc, float* extra) {
   for (int64_t sb = 0; sb < x.nb / 8; ++sb) {
     const uint8_t* b = row + 144 * sb;
+    prefetch(b);
+    prefetch(b + 64);
     const float d = half_at(b), dmin = half_at(b + 2);
     const uint8_t* s = b + 4;
     int sc[8], mn[8];
@@ -158,6 +171,9 @@ void row_q6_k(const uint8_t* row, const Rows& x, __m256* acc, float*) {
   const __m256i low4 = _mm256_set1_epi8(0x0F), two_bits = _mm256_set1_epi8(3);
   for (int64_t sb = 0; sb < x.nb / 8; ++sb) {
     const uint8_t* b = row + 210 * sb;
+    prefetch(b);
+    prefetch(b + 64);
+    prefetch(b + 128);
     const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
     const float d = half_at(b + 208);
     for (int j = 0; j < 8; ++j) {
@@ -193,6 +209,7 @@ void row_affine(const WeightMatrix& w, int64_t n, const Rows& x, __m256* acc, fl
     const float bias = scale_at(biases + 2 * g, a.scale_dtype) + (Bits == 8 ? 128.0f * s : 0.0f);
     for (int64_t j = 0; j < per_group; ++j) {
       const int64_t c = g * per_group + j;
+      if (c % 2 == 0) prefetch(codes + Bits * 4 * c);
       if constexpr (Bits == 4) {
         accumulate<false, M>(x, c, unpack_nibbles16(codes + 16 * c), s, acc);
       } else {
