@@ -217,6 +217,31 @@ TEST_P(QuantMatmulTest, ProductsMatchReference) {
   }
 }
 
+// The fp32 GEMV for any m (the reference mode's prefill): the m > 8 rows in passes of 8, each
+// within the GEMV's bound, guards untouched.
+TEST_P(QuantMatmulTest, GemvForAnyRowCountMatchesReference) {
+  const FormatCase& f = GetParam();
+  const Blas blas;
+  uint32_t seed = 900;
+  for (const Shape& s : shapes_for(f)) {
+    const turbokv::testing::RandomWeight host = make_weight(f, s, seed++);
+    const std::vector<float> w = dequantized(host.w);
+    const DeviceQuantMatrix device = upload_quant_matrix(host.w);
+    for (const int64_t m : {int64_t(9), int64_t(17), int64_t(64)}) {
+      const std::vector<float> x = turbokv::testing::random_normal(size_t(m * s.cols), seed++);
+      const DeviceBuffer<float> x_device = DeviceBuffer<float>::upload(x);
+      const int64_t ldy = s.rows + kGuardFloats;
+      DeviceBuffer<float> y = DeviceBuffer<float>::upload(
+          std::vector<float>(size_t(kGuardFloats + m * ldy), bits_float(kGuardBits)));
+      quant_matmul_gemv(device.view, x_device.data(), m, y.data() + kGuardFloats, ldy,
+                        blas.stream);
+      TURBOKV_CUDA_CHECK(cudaStreamSynchronize(blas.stream));
+      check_outputs(str_cat(describe(f, s), " m=", m, " (GEMV passes)"), y.download(), m, s.rows,
+                    reference_product(w, x, m, s.rows, s.cols, 1e-5));
+    }
+  }
+}
+
 // A row slice (data, scales and biases offset by whole rows, so GGUF rows keep their byte
 // alignments) computes exactly what the full matrix computes for those rows.
 TEST_P(QuantMatmulTest, RowSliceMatchesFullMatrix) {

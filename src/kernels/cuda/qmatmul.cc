@@ -212,22 +212,16 @@ void quant_matmul(const QuantWeightsView& w, const float* x, int64_t m, float* y
     throw InvalidArgument("quant_matmul: x must be a 16-byte aligned device pointer, y non-null");
   }
   const qmm::WeightArgs wa = weight_args(w);
-  if (m == 1 && gpu_int8_activations_enabled() && quant_gemv_int8_supported(w) &&
+  if (m == 1 && gpu_int8_activations_enabled() && !gpu_f32_reference_mode() &&
+      quant_gemv_int8_supported(w) &&
       scratch.max_m() >= 1 &&
       2 * scratch.max_m() * scratch.max_cols() >= quant_gemv_int8_workspace_bytes(w.cols)) {
     qmm::launch_gemv_affine4_int8(wa, x, y, reinterpret_cast<uint8_t*>(scratch.x_bf16()), stream);
     return;
   }
-  if (m <= kQuantGemvMaxRows) {
-    qmm::GemvArgs a;
-    a.w = wa;
-    a.x = x;
-    a.m = int(m);
-    a.y = y;
-    a.ldy = ldy;
-    a.chunk = qmm::gemv_chunk(w.cols, int(m));
-    qmm::launch_gemv(kind, a, stream);
-    return;
+  if (m <= kQuantGemvMaxRows || gpu_f32_reference_mode()) {
+    // The reference mode takes the fp32 GEMV for any m.
+    return quant_matmul_gemv(w, x, m, y, ldy, stream);
   }
   if (m > scratch.max_m() || w.cols > scratch.max_cols() || w.cols > scratch.panel_elems()) {
     throw InvalidArgument(str_cat("quant_matmul: m ", m, " x cols ", w.cols,
@@ -262,6 +256,39 @@ void quant_matmul(const QuantWeightsView& w, const float* x, int64_t m, float* y
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx");
   }
+}
+
+void quant_matmul_gemv(const QuantWeightsView& w, const float* x, int64_t m, float* y,
+                       int64_t ldy, cudaStream_t stream) {
+  const qmm::Kind kind = check_view(w, "quant_matmul_gemv");
+  if (m < 0 || ldy < w.rows) {
+    throw InvalidArgument(str_cat("quant_matmul_gemv: m ", m, ", ldy ", ldy, " for ", w.rows,
+                                  " output features (need m >= 0, ldy >= ", w.rows, ")"));
+  }
+  if (m == 0 || w.rows == 0) return;
+  if (x == nullptr || y == nullptr || !aligned(x, 16)) {
+    throw InvalidArgument(
+        "quant_matmul_gemv: x must be a 16-byte aligned device pointer, y non-null");
+  }
+  const qmm::WeightArgs wa = weight_args(w);
+  for (int64_t i0 = 0; i0 < m; i0 += kQuantGemvMaxRows) {
+    qmm::GemvArgs a;
+    a.w = wa;
+    a.x = x + i0 * w.cols;  // 16-byte aligned: cols is a multiple of 32
+    a.m = int(std::min(kQuantGemvMaxRows, m - i0));
+    a.y = y + i0 * ldy;
+    a.ldy = ldy;
+    a.chunk = qmm::gemv_chunk(w.cols, a.m);
+    qmm::launch_gemv(kind, a, stream);
+  }
+}
+
+bool gpu_f32_reference_mode() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("TURBOKV_F32_ACTIVATIONS");
+    return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
+  }();
+  return enabled;
 }
 
 bool gpu_int8_activations_enabled() {

@@ -7,7 +7,9 @@
 //       its lanes stream the rows' blocks with 16-byte loads, unpack them with integer ops
 //       and accumulate all m activation rows in fp32, so the weights are read once.
 //   quant_matmul, m > kQuantGemvMaxRows (prefill): panels of rows dequantized to bf16 in
-//       QuantScratch, x narrowed to bf16, and cuBLAS (bf16 x bf16, fp32 accumulation).
+//       QuantScratch, x narrowed to bf16, and cuBLAS (bf16 x bf16, fp32 accumulation); in the
+//       fp32 reference mode (TURBOKV_F32_ACTIVATIONS=1, gpu_f32_reference_mode) the GEMV
+//       instead, kQuantGemvMaxRows rows of x per pass, so no activation is rounded.
 //   dequantize_to_bf16: the weights as bf16, equal bit for bit to rounding
 //       dequantize_rows_ref's fp32 values.
 //   quant_gather_rows: rows picked by token id, in fp32 (embedding lookups).
@@ -113,6 +115,13 @@ inline void quant_matmul(const DeviceQuantMatrix& w, const float* x, int64_t m, 
 // weight instead of ~3.5. y [w.rows] = the product, as qmatmul_rows_ref of those blocks up to
 // fp32 rounding. workspace: quant_gemv_int8_workspace_bytes(w.cols) bytes, 16-byte aligned.
 bool gpu_int8_activations_enabled();
+// TURBOKV_F32_ACTIVATIONS=1 (the CPU kernels' reference mode too): every quant_matmul runs the
+// fp32 GEMV (quant_matmul_gemv), whatever m, and the int8 GEMV is not used.
+bool gpu_f32_reference_mode();
+// The fp32 GEMV for any m (kQuantGemvMaxRows rows of x per pass, the weights read once per
+// pass): y [m, w.rows] (row stride ldy) as quant_matmul's m <= kQuantGemvMaxRows path.
+void quant_matmul_gemv(const QuantWeightsView& w, const float* x, int64_t m, float* y,
+                       int64_t ldy, cudaStream_t stream);
 bool quant_gemv_int8_supported(const QuantWeightsView& w);
 int64_t quant_gemv_int8_workspace_bytes(int64_t cols);
 void quant_gemv_int8(const QuantWeightsView& w, const float* x, float* y, void* workspace,
