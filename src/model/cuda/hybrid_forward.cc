@@ -62,9 +62,9 @@ DenseMatrix upload(std::initializer_list<const WeightMatrix*> parts, size_t* tot
   m.cols = first.cols;
   for (const WeightMatrix* p : parts) {
     if (p->format != WeightFormat::kDense) {
-      throw Unsupported(str_cat("--device cuda: quantized weights of ",
-                                "this model family have "
-                                "no GPU path yet (dense F32, F16, BF16 weights do)"));
+      throw Unsupported(
+          "--device cuda: quantized weights (GGUF, MLX) of qwen3_5, gemma4_text and "
+          "deepseek_v3 models have no GPU path yet (dense F32, F16, BF16 weights do)");
     }
     if (p->cols != m.cols || p->dtype != first.dtype) {
       throw Unsupported("--device cuda: fused projections of other widths or dtypes");
@@ -309,7 +309,6 @@ struct HybridForward::Impl {
 
 void HybridForward::Impl::upload_weights() {
   size_t* total = &weight_bytes;
-  const int64_t H = c.hidden_size;
   embed = upload({&host.embedding()}, total);
   if (c.tie_word_embeddings) {
     lm_head = &embed;
@@ -411,7 +410,6 @@ void HybridForward::Impl::upload_weights() {
     d.layer_scalar = W.layer_scalar;
     layers.push_back(std::move(d));
   }
-  (void)H;
 }
 
 const Rope& HybridForward::Impl::rope(bool local, int dim) {
@@ -975,8 +973,8 @@ LayerCaches HybridForward::make_caches(DeviceCacheContext& context,
                                   "or no --kv-bits for a dense cache"));
       }
       caches.push_back(std::make_unique<DeviceWideKVCache>(
-          p.kv_heads, p.head_dim, dense_elem,
-          p.kind == LayerCacheKind::kRotating ? p.window : 0, context.stream()));
+          p.kv_heads, p.head_dim, dense_elem, p.kind == LayerCacheKind::kRotating ? p.window : 0,
+          context.stream()));
     } else if (p.layer == LayerStateKind::kLatent && p.head_dim > 256) {
       // Wider than the paged formats: one contiguous buffer of rows (device_latent_cache.h).
       caches.push_back(
