@@ -5,10 +5,13 @@
 //                           and updating its history, then SiLU
 //   gated_delta_prepare   : q, k L2-normalized (q also scaled by dk^-1/2), g and beta from the
 //                           gate inputs
-//   gated_delta_recurrent : the delta rule token by token on a sequence's state (decode): each
-//                           thread owns one column of a head's [dk, dv] state, since the rule
-//                           updates the columns independently (a block per head and 32 columns)
-//   gated_delta_chunked   : the chunked form (prefill), below
+//   gated_delta_recurrent : the delta rule token by token on a sequence's state (decode and
+//                           prefill): each thread owns one column of a head's [dk, dv] state,
+//                           since the rule updates the columns independently (a block per head
+//                           and 32 columns)
+//   gated_delta_chunked   : the chunked form, below; exact too, but as written 5-8x slower than
+//                           the recurrence on an H200 (bench/cuda/delta_rule_bench), so the
+//                           forward does not use it
 //   gated_rms_norm        : x = w * rmsnorm(x) * silu(z) per head
 #pragma once
 
@@ -49,7 +52,7 @@ struct GatedDeltaRows {
 void gated_delta_recurrent(const GatedDeltaRows& in, const GatedDeltaDims& s, float* state,
                            float* out, cudaStream_t stream);
 
-// The chunked (UT-transform) form of the same rule, for prefill: per chunk of kDeltaChunk tokens
+// The chunked (UT-transform) form of the same rule: per chunk of kDeltaChunk tokens
 // the intra-chunk part by small matrix products in shared memory (a block per value head, the
 // state's columns spread over its threads), one state update per chunk; model/linear_attention.h's
 // gated_delta_chunked in the same order of operations per element. k_dim and v_dim <= 256.

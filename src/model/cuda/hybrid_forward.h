@@ -12,8 +12,9 @@
 //                        KV-shared layers: none, they read the owner's), attend;
 //                        [attn *= sigmoid(gate)]; o GEMM
 //     linear_attention : in_proj GEMMs; per sequence: causal conv on its device recurrent
-//                        state's history, the gated delta rule on its state (the recurrence for
-//                        one token, the chunked form for several); gated RMSNorm; out_proj
+//                        state's history, the gated delta rule on its state (the recurrence,
+//                        for prefill too: faster than the chunked kernel); gated RMSNorm;
+//                        out_proj
 //     mla              : q (LoRA) and latent GEMMs, latent norm, RoPE of the shared key part,
 //                        queries absorbed per head; per sequence: the latent row appended to a
 //                        dense device cache (never quantized: a paged one up to 256 dims, a
