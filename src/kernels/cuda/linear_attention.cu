@@ -83,14 +83,26 @@ __global__ void prepare_kernel(float* qkv, float* a, float* b, GatedDeltaDims s,
   }
 }
 
+// Tokens whose q, k, v, decays and betas a block stages in shared memory at a time, so the
+// per-token loop reads no global memory (but the state, DK == 0) and writes only its outputs.
+constexpr int kDeltaTile = 16;
+
+size_t delta_smem_bytes(int dk, int threads) {
+  return size_t(kDeltaTile) * size_t(2 * dk + 2 + threads) * sizeof(float);
+}
+
 // Grid (value heads, column tiles); thread j owns column j of the head's state [dk, dv]. DK > 0
 // keeps the column in registers; DK == 0 works on the state in global memory (any dk).
 template <int DK>
 __global__ void delta_kernel(GatedDeltaRows in, GatedDeltaDims s, float* state, float* out) {
-  extern __shared__ float qk[];  // [2 * dk]: the token's q, then k
+  extern __shared__ float sm[];
+  const int dk = DK > 0 ? DK : s.k_dim, dv = s.v_dim;
+  float* qk = sm;                         // [tile][2 dk]: each token's q, then k
+  float* dec = qk + kDeltaTile * 2 * dk;  // [tile] exp(g)
+  float* bet = dec + kDeltaTile;          // [tile] beta
+  float* vs = bet + kDeltaTile;           // [tile][blockDim] this block's value columns
   const int h = blockIdx.x;
   const int j = blockIdx.y * blockDim.x + threadIdx.x;
-  const int dk = DK > 0 ? DK : s.k_dim, dv = s.v_dim;
   const int kh = h / (s.value_heads / s.key_heads);
   float* S = state + int64_t(h) * dk * dv;
   const bool active = j < dv;
@@ -99,53 +111,66 @@ __global__ void delta_kernel(GatedDeltaRows in, GatedDeltaDims s, float* state, 
 #pragma unroll
     for (int i = 0; i < DK; ++i) col[i] = active ? S[int64_t(i) * dv + j] : 0.0f;
   }
-  for (int64_t t = 0; t < in.T; ++t) {
-    __syncthreads();  // the previous token's q, k are read
-    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-      qk[i] = in.q[t * in.qk_stride + int64_t(kh) * dk + i];
-      qk[dk + i] = in.k[t * in.qk_stride + int64_t(kh) * dk + i];
+  for (int64_t t0 = 0; t0 < in.T; t0 += kDeltaTile) {
+    const int n = int(in.T - t0 < kDeltaTile ? in.T - t0 : kDeltaTile);
+    __syncthreads();  // the previous tile is read
+    for (int idx = threadIdx.x; idx < n * dk; idx += blockDim.x) {
+      const int i = idx / dk, r = idx % dk;
+      const int64_t at = (t0 + i) * in.qk_stride + int64_t(kh) * dk + r;
+      qk[i * 2 * dk + r] = in.q[at];
+      qk[i * 2 * dk + dk + r] = in.k[at];
+    }
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      dec[i] = expf(in.g[(t0 + i) * s.value_heads + h]);
+      bet[i] = in.beta[(t0 + i) * s.value_heads + h];
+    }
+    for (int i = 0; i < n; ++i) {
+      vs[i * blockDim.x + threadIdx.x] =
+          active ? in.v[(t0 + i) * in.v_stride + int64_t(h) * dv + j] : 0.0f;
     }
     __syncthreads();
     if (!active) continue;
-    const float decay = expf(in.g[t * s.value_heads + h]);
-    const float beta = in.beta[t * s.value_heads + h];
-    const float* q = qk;
-    const float* k = qk + dk;
-    float kv = 0;
-    if constexpr (DK > 0) {
-      // Four partial sums: a dependency chain of DK / 4 multiply-adds instead of DK.
-      float part[4] = {0, 0, 0, 0};
+    for (int ti = 0; ti < n; ++ti) {
+      const int64_t t = t0 + ti;
+      const float decay = dec[ti], beta = bet[ti];
+      const float* q = qk + ti * 2 * dk;
+      const float* k = q + dk;
+      float kv = 0;
+      if constexpr (DK > 0) {
+        // Four partial sums: a dependency chain of DK / 4 multiply-adds instead of DK.
+        float part[4] = {0, 0, 0, 0};
 #pragma unroll
-      for (int i = 0; i < DK; ++i) {
-        col[i] *= decay;
-        part[i % 4] += col[i] * k[i];
+        for (int i = 0; i < DK; ++i) {
+          col[i] *= decay;
+          part[i % 4] += col[i] * k[i];
+        }
+        kv = (part[0] + part[1]) + (part[2] + part[3]);
+      } else {
+        for (int i = 0; i < dk; ++i) {
+          const float v = S[int64_t(i) * dv + j] * decay;
+          S[int64_t(i) * dv + j] = v;
+          kv += v * k[i];
+        }
       }
-      kv = (part[0] + part[1]) + (part[2] + part[3]);
-    } else {
-      for (int i = 0; i < dk; ++i) {
-        const float v = S[int64_t(i) * dv + j] * decay;
-        S[int64_t(i) * dv + j] = v;
-        kv += v * k[i];
-      }
-    }
-    kv = (in.v[t * in.v_stride + int64_t(h) * dv + j] - kv) * beta;
-    float o = 0;
-    if constexpr (DK > 0) {
-      float part[4] = {0, 0, 0, 0};
+      kv = (vs[ti * blockDim.x + threadIdx.x] - kv) * beta;
+      float o = 0;
+      if constexpr (DK > 0) {
+        float part[4] = {0, 0, 0, 0};
 #pragma unroll
-      for (int i = 0; i < DK; ++i) {
-        col[i] += k[i] * kv;
-        part[i % 4] += col[i] * q[i];
+        for (int i = 0; i < DK; ++i) {
+          col[i] += k[i] * kv;
+          part[i % 4] += col[i] * q[i];
+        }
+        o = (part[0] + part[1]) + (part[2] + part[3]);
+      } else {
+        for (int i = 0; i < dk; ++i) {
+          const float v = S[int64_t(i) * dv + j] + k[i] * kv;
+          S[int64_t(i) * dv + j] = v;
+          o += v * q[i];
+        }
       }
-      o = (part[0] + part[1]) + (part[2] + part[3]);
-    } else {
-      for (int i = 0; i < dk; ++i) {
-        const float v = S[int64_t(i) * dv + j] + k[i] * kv;
-        S[int64_t(i) * dv + j] = v;
-        o += v * q[i];
-      }
+      out[(t * s.value_heads + h) * dv + j] = o;
     }
-    out[(t * s.value_heads + h) * dv + j] = o;
   }
   if constexpr (DK > 0) {
     if (active) {
@@ -308,7 +333,11 @@ void gated_delta_recurrent(const GatedDeltaRows& in, const GatedDeltaDims& s, fl
   // head's columns are independent), and the per-token barrier is a warp's.
   const int threads = 32;
   const dim3 grid(unsigned(s.value_heads), unsigned((s.v_dim + threads - 1) / threads));
-  const size_t smem = size_t(2) * s.k_dim * sizeof(float);
+  const size_t smem = delta_smem_bytes(s.k_dim, threads);
+  if (smem > 48 * 1024) {
+    TURBOKV_CUDA_CHECK(cudaFuncSetAttribute(
+        delta_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  }
   switch (s.k_dim) {
     case 16: delta_kernel<16><<<grid, threads, smem, stream>>>(in, s, state, out); break;
     case 32: delta_kernel<32><<<grid, threads, smem, stream>>>(in, s, state, out); break;

@@ -8,7 +8,8 @@
 //   gated_delta_recurrent : the delta rule token by token on a sequence's state (decode and
 //                           prefill): each thread owns one column of a head's [dk, dv] state,
 //                           since the rule updates the columns independently (a block per head
-//                           and 32 columns)
+//                           and 32 columns); q, k, v and the gates are staged in shared memory
+//                           16 tokens at a time
 //   gated_delta_chunked   : the chunked form, below; exact too, but as written 5-8x slower than
 //                           the recurrence on an H200 (bench/cuda/delta_rule_bench), so the
 //                           forward does not use it
