@@ -188,6 +188,14 @@ struct ModelSummary {
   int64_t context_length = 0;  // max_position_embeddings
 };
 
+// The KV pool of a device with one (the GPU's --kv-cache-gb), else all zero.
+struct KVPoolUse {
+  size_t capacity_bytes = 0;
+  size_t used_bytes = 0;      // in blocks handed out (sequences and the prefix cache)
+  size_t reserved_bytes = 0;  // promised to admitted requests
+  int64_t blocks = 0;         // blocks handed out
+};
+
 struct EngineMetrics {
   int64_t requests_total = 0;  // submitted and accepted
   int64_t requests_failed = 0;
@@ -212,6 +220,10 @@ struct EngineMetrics {
   size_t prefix_cache_capacity_bytes = 0;
   // Prompt tokens reused from sessions (GenerateOptions::session) instead of prefilled.
   int64_t session_reused_tokens = 0;
+  KVPoolUse kv_pool;
+  // Requests that waited in the queue because the KV pool could not promise their bytes yet
+  // (counted once per request).
+  int64_t kv_pool_waits = 0;
 };
 
 // A conversation's KV cache kept between requests (llama.cpp's slots and --prompt-cache,

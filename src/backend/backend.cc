@@ -78,6 +78,22 @@ LoadedModel load_model(const std::string& dir, const DeviceOptions& options) {
                                                       cuda_options);
   const cuda::CudaDecoderModel* g = gpu.get();
   loaded.make_caches = [g](const ResolvedKV& kv) { return g->make_caches(kv); };
+  loaded.admission.bytes_for = [g](const ResolvedKV& kv, int64_t tokens) {
+    return g->kv_bytes_for(kv, tokens);
+  };
+  loaded.admission.reserve = [g](size_t bytes) {
+    return g->cache_context().pool().reserve(bytes);
+  };
+  loaded.admission.release = [g](size_t bytes) { g->cache_context().pool().unreserve(bytes); };
+  loaded.admission.use = [g] {
+    const cuda::PoolStats st = g->cache_context().pool().stats();
+    KVPoolUse u;
+    u.capacity_bytes = st.capacity_bytes;
+    u.used_bytes = st.used_bytes;
+    u.reserved_bytes = st.reserved_bytes;
+    u.blocks = st.blocks_in_use;
+    return u;
+  };
   loaded.prefix_block = int(cuda::kBlockTokens);
   loaded.model = std::move(gpu);
 #endif

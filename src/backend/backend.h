@@ -4,11 +4,14 @@
 //   "cuda"  CudaDecoderModel (model/cuda), caches in GPU memory from the same plan
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "kv/cache_policy.h"
 #include "model/model.h"
+#include "turbokv/engine.h"
 
 namespace turbokv {
 
@@ -17,9 +20,23 @@ struct DeviceOptions {
   double kv_cache_gb = 0;      // cuda: GPU memory for the KV cache pool; 0: 90% of what is free
 };
 
+// Admission by KV memory, for backends whose caches draw on one bounded pool (the GPU's): the
+// engine thread promises a request the bytes its caches can take before it starts, and queues
+// it while the pool cannot promise them. Empty functions: no such pool (the CPU).
+struct KVAdmission {
+  // The most bytes a sequence's caches of kv take at `tokens` tokens.
+  std::function<size_t(const ResolvedKV& kv, int64_t tokens)> bytes_for;
+  std::function<bool(size_t bytes)> reserve;  // false (nothing promised): not now
+  std::function<void(size_t bytes)> release;
+  // The pool now: capacity, bytes in blocks, bytes promised, blocks in use.
+  std::function<KVPoolUse()> use;
+  explicit operator bool() const { return bool(bytes_for); }
+};
+
 struct LoadedModel {
   std::unique_ptr<Model> model;
   CacheFactory make_caches;  // valid while model lives
+  KVAdmission admission;     // valid while model lives
   std::string device;
   int prefix_block = 64;  // the prefix cache block that suits these caches
 };

@@ -86,7 +86,7 @@ class EngineImpl : public Engine {
     EngineOptions resolved = options;
     if (resolved.prefix_cache_block == 0) resolved.prefix_cache_block = loaded_.prefix_block;
     scheduler_ = std::make_unique<Scheduler>(*model_, *tokenizer_, std::move(eos), resolved,
-                                             loaded_.make_caches);
+                                             loaded_.make_caches, loaded_.admission);
     scheduler_->start();
   }
 

@@ -35,6 +35,8 @@ struct Scheduler::Request {
   ResolvedKV kv;
   std::shared_ptr<SessionImpl> session;  // acquired by submit(), released when the request ends
   std::atomic<bool> cancelled{false};
+  size_t kv_promised = 0;     // engine thread: the pool bytes promised at admission
+  bool kv_waited = false;     // engine thread: counted in kv_pool_waits
 
   std::mutex mu;  // guards the mailbox below
   std::condition_variable cv;
@@ -149,12 +151,14 @@ void Stream::cancel() {
 }
 
 Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, std::vector<int32_t> eos_ids,
-                     const EngineOptions& options, CacheFactory make_caches)
+                     const EngineOptions& options, CacheFactory make_caches,
+                     KVAdmission admission)
     : model_(model),
       tokenizer_(tokenizer),
       eos_ids_(std::move(eos_ids)),
       options_(options),
       make_caches_(std::move(make_caches)),
+      admission_(std::move(admission)),
       default_kv_(resolve_kv_options(options.kv)),
       layer_specs_(model.layer_specs()),
       context_length_(model.info().max_position_embeddings),
@@ -326,8 +330,14 @@ void Scheduler::run() {
   }
 }
 
+void Scheduler::release_kv(Request& req) {
+  if (req.kv_promised > 0 && admission_) admission_.release(req.kv_promised);
+  req.kv_promised = 0;
+}
+
 void Scheduler::fail(Sequence& seq, std::exception_ptr error) {
   seq.done = true;
+  release_kv(*seq.req);
   if (seq.req->session) seq.req->session->release(LayerCaches{}, {}, /*keep=*/false);
   seq.req->fail(std::move(error));
   std::lock_guard<std::mutex> lock(mu_);
@@ -336,23 +346,70 @@ void Scheduler::fail(Sequence& seq, std::exception_ptr error) {
 
 void Scheduler::admit_waiting() {
   std::vector<std::shared_ptr<Request>> admitted;
+  auto refuse = [&](const std::shared_ptr<Request>& req, std::exception_ptr error) {
+    if (req->session) req->session->release(LayerCaches{}, {}, /*keep=*/false);
+    req->fail(std::move(error));
+    std::lock_guard<std::mutex> lock(mu_);
+    ++metrics_.requests_failed;
+  };
+  for (;;) {
+    std::shared_ptr<Request> front;  // only this thread pops, so it stays the front
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (waiting_.empty() ||
+          static_cast<int>(active_.size() + admitted.size()) >= options_.max_sequences) {
+        break;
+      }
+      front = waiting_.front();
+    }
+    if (admission_) {
+      // The pool promises the bytes of prompt + max_tokens tokens, or the request waits.
+      try {
+        const int64_t tokens =
+            std::min<int64_t>(int64_t(front->prompt.size()) + front->options.max_tokens,
+                              context_length_);
+        const size_t need = admission_.bytes_for(front->kv, tokens);
+        const KVPoolUse use = admission_.use ? admission_.use() : KVPoolUse{};
+        if (!admission_.reserve(need)) {
+          if (use.reserved_bytes == 0) {  // nothing else holds a promise: it never fits
+            throw InvalidArgument(str_cat("the request's KV cache (", tokens, " tokens, ",
+                                          (need + (1 << 20) - 1) >> 20,
+                                          " MiB) does not fit the KV pool of ",
+                                          use.capacity_bytes >> 20,
+                                          " MiB; ask for fewer tokens or a smaller kv_bits"),
+                                  "max_tokens");
+          }
+          if (!front->kv_waited) {
+            front->kv_waited = true;
+            std::lock_guard<std::mutex> lock(mu_);
+            ++metrics_.kv_pool_waits;
+          }
+          break;  // queued until a running request gives its promise back
+        }
+        front->kv_promised = need;
+      } catch (...) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          waiting_.pop_front();
+        }
+        refuse(front, std::current_exception());
+        continue;
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    waiting_.pop_front();
+    admitted.push_back(std::move(front));
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    while (!waiting_.empty() &&
-           static_cast<int>(active_.size() + admitted.size()) < options_.max_sequences) {
-      admitted.push_back(std::move(waiting_.front()));
-      waiting_.pop_front();
-    }
     metrics_.waiting_requests = static_cast<int64_t>(waiting_.size());
   }
   for (auto& req : admitted) {
     try {
       active_.push_back(start_sequence(req));
     } catch (...) {
-      if (req->session) req->session->release(LayerCaches{}, {}, /*keep=*/false);
-      req->fail(std::current_exception());
-      std::lock_guard<std::mutex> lock(mu_);
-      ++metrics_.requests_failed;
+      release_kv(*req);
+      refuse(req, std::current_exception());
     }
   }
 }
@@ -473,6 +530,7 @@ void Scheduler::finish(Sequence& seq, FinishReason reason, std::string text, int
   chunk.finish_reason = reason;
   chunk.stats = stats_of(seq);
   seq.done = true;
+  release_kv(*seq.req);
   try {
     cache_prefix(seq);
   } catch (const std::exception&) {  // a copy that failed: these blocks stay uncached
@@ -629,6 +687,7 @@ void Scheduler::publish_metrics(bool forward_pass) {
   metrics_.kv_bytes = kv_bytes;
   metrics_.kv_bytes_dense = kv_dense;
   metrics_.state_bytes = state_bytes;
+  if (admission_.use) metrics_.kv_pool = admission_.use();
 }
 
 void Scheduler::publish_prefix_stats() {

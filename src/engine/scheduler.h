@@ -15,6 +15,13 @@
 // its prompt and KV settings (engine/prefix_cache.h). Either way those tokens are not
 // prefilled. A finished prompt's full blocks, and a finished request's, go into the prefix
 // cache; a session gets its request's caches and tokens back when the request ends.
+//
+// With a KV pool (KVAdmission, the GPU): a request is admitted, in arrival order, only once the
+// pool promises the bytes its caches take at prompt + max_tokens tokens (capped at the context
+// length); until then it stays queued (and a full queue is Overloaded, HTTP 429). A request
+// whose bytes exceed what the pool can ever promise fails with InvalidArgument. The promise is
+// released when the request ends (blocks a session or the prefix cache then keeps are used,
+// not promised).
 #pragma once
 
 #include <atomic>
@@ -29,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/backend.h"
 #include "engine/prefix_cache.h"
 #include "engine/session.h"
 #include "kv/cache_policy.h"
@@ -51,7 +59,8 @@ class Scheduler {
   // eos_ids end every request unless GenerateOptions::ignore_eos. Throws InvalidArgument for bad
   // limits or default KV options.
   Scheduler(const Model& model, const Tokenizer& tokenizer, std::vector<int32_t> eos_ids,
-            const EngineOptions& options, CacheFactory make_caches);
+            const EngineOptions& options, CacheFactory make_caches,
+            KVAdmission admission = {});
   ~Scheduler();  // stops the engine thread; running requests end as cancelled
 
   // Starts the engine thread (separate from construction so tests can queue requests first).
@@ -92,6 +101,8 @@ class Scheduler {
   void check_token_ids(std::span<const int32_t> ids, const char* what) const;
   // Ends seq with error, as a failed request (the others keep running).
   void fail(Sequence& seq, std::exception_ptr error);
+  // Gives back what the pool promised the request (once).
+  void release_kv(Request& req);
   // Copies the active sequences' count and KV bytes into the metrics (after every step, so
   // they fall back to 0 as soon as the last sequence ends).
   void publish_metrics(bool forward_pass);
@@ -101,6 +112,7 @@ class Scheduler {
   std::vector<int32_t> eos_ids_;
   EngineOptions options_;
   CacheFactory make_caches_;
+  KVAdmission admission_;  // engine thread only; empty: no pool
   ResolvedKV default_kv_;  // options_.kv, resolved once
   std::vector<LayerSpec> layer_specs_;
   int64_t context_length_;

@@ -509,6 +509,19 @@ std::string Server::Impl::metrics_text() const {
   metric("turbokv_state_bytes", "gauge",
          "recurrent-state bytes of the active sequences (linear attention, not in kv_bytes)",
          static_cast<double>(m.state_bytes));
+  metric("turbokv_kv_pool_capacity_bytes", "gauge",
+         "the device KV pool's size (0: the device has no pool, the CPU)",
+         static_cast<double>(m.kv_pool.capacity_bytes));
+  metric("turbokv_kv_pool_used_bytes", "gauge",
+         "device KV pool bytes in blocks handed out (sequences, sessions, prefix cache)",
+         static_cast<double>(m.kv_pool.used_bytes));
+  metric("turbokv_kv_pool_reserved_bytes", "gauge",
+         "device KV pool bytes promised to admitted requests", static_cast<double>(m.kv_pool.reserved_bytes));
+  metric("turbokv_kv_pool_blocks", "gauge", "device KV pool blocks handed out",
+         static_cast<double>(m.kv_pool.blocks));
+  metric("turbokv_kv_pool_waits_total", "counter",
+         "requests that waited in the queue for the KV pool to promise their bytes",
+         m.kv_pool_waits);
   metric("turbokv_forward_passes_total", "counter", "batched forward passes", m.forward_passes);
   metric("turbokv_prefix_cache_lookups_total", "counter",
          "requests that looked for a cached prompt prefix", m.prefix_cache_lookups);

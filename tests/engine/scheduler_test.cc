@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
+#include <string>
 #include <thread>
 
 #include "core/error.h"
@@ -258,6 +260,71 @@ TEST(Scheduler, FullQueueIsOverloaded) {
   auto a = h.scheduler.submit({1}, max_tokens(2));
   auto b = h.scheduler.submit({1}, max_tokens(2));
   EXPECT_THROW(h.scheduler.submit({1}, max_tokens(2)), Overloaded);
+}
+
+// A KV pool of 1000 bytes where a sequence takes 100 bytes per token: requests are admitted
+// only with a promise, wait in the queue for one, and one that can never fit fails.
+struct FakePool {
+  std::mutex mu;
+  size_t capacity = 1000, reserved = 0, most = 0;
+  KVAdmission admission() {
+    KVAdmission a;
+    a.bytes_for = [](const ResolvedKV&, int64_t tokens) { return size_t(tokens) * 100; };
+    a.reserve = [this](size_t bytes) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (reserved + bytes > capacity) return false;
+      reserved += bytes;
+      most = std::max(most, reserved);
+      return true;
+    };
+    a.release = [this](size_t bytes) {
+      std::lock_guard<std::mutex> lock(mu);
+      reserved -= bytes;
+    };
+    a.use = [this] {
+      std::lock_guard<std::mutex> lock(mu);
+      KVPoolUse u;
+      u.capacity_bytes = capacity;
+      u.reserved_bytes = reserved;
+      return u;
+    };
+    return a;
+  }
+};
+
+TEST(Scheduler, KVPoolAdmitsByPromisedBytesAndQueuesTheRest) {
+  FakePool pool;
+  FakeModel model(4096);
+  FakeTokenizer tokenizer;
+  Scheduler scheduler(model, tokenizer, {testing::kFakeEos}, EngineOptions{},
+                      testing::make_token_caches, pool.admission());
+  // 1 + 5 tokens each: 600 bytes, so the second waits until the first gives its promise back.
+  GenerateOptions o = max_tokens(5);
+  o.ignore_eos = true;
+  auto a = scheduler.submit({1}, o);
+  auto b = scheduler.submit({2}, o);
+  scheduler.start();
+  EXPECT_EQ(drain(*a).tokens, expected_ignoring_eos({1}, 5));
+  EXPECT_EQ(drain(*b).tokens, expected_ignoring_eos({2}, 5));
+  EXPECT_LE(pool.most, pool.capacity);
+  EXPECT_EQ(pool.most, 600u);
+  const EngineMetrics m = scheduler.metrics();
+  EXPECT_EQ(m.kv_pool_waits, 1);
+  EXPECT_EQ(m.kv_pool.capacity_bytes, 1000u);
+  EXPECT_EQ(pool.reserved, 0u);  // every promise given back
+  // 1 + 20 tokens = 2100 bytes: never fits, fails with a clear error; the engine goes on.
+  auto big = scheduler.submit({1}, max_tokens(20));
+  GenerationChunk c;
+  try {
+    while (big->next(&c)) {
+    }
+    ADD_FAILURE() << "a request larger than the pool ran";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("does not fit the KV pool"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(drain(*scheduler.submit({3}, o)).tokens, expected_ignoring_eos({3}, 5));
+  EXPECT_EQ(pool.reserved, 0u);
 }
 
 TEST(Scheduler, FailingRequestReportsItsErrorAndTheEngineKeepsServing) {

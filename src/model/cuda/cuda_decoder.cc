@@ -584,6 +584,30 @@ CudaDecoderModel::~CudaDecoderModel() {
   caches_.reset();  // before the stream goes
 }
 
+size_t CudaDecoderModel::kv_bytes_for(const ResolvedKV& kv, int64_t tokens) const {
+  const bool fused = host_->config().attn_logit_softcap == 0;
+  const int64_t n = std::max<int64_t>(tokens, 0);
+  size_t bytes = 0;
+  for (const LayerCachePlan& p : plan_layer_caches(layer_specs(), kv)) {
+    if (p.kind != LayerCacheKind::kDense && p.kind != LayerCacheKind::kRotating &&
+        p.kind != LayerCacheKind::kTurboQuant && p.kind != LayerCacheKind::kUniform) {
+      continue;
+    }
+    // A staged layer holds its dense rows until it converts: count the larger dense blocks.
+    LayerCachePlan held = p;
+    if (p.quantized_kv_start > 0 && p.kind != LayerCacheKind::kDense &&
+        p.kind != LayerCacheKind::kRotating) {
+      held.kind = LayerCacheKind::kDense;
+    }
+    const size_t block = caches_->format(held, DenseElem::kF16, fused)->block_bytes();
+    const int64_t held_tokens =
+        p.kind == LayerCacheKind::kRotating ? std::min<int64_t>(n, p.window + kBlockTokens) : n;
+    const int64_t blocks = (held_tokens + kBlockTokens - 1) / kBlockTokens + 1;  // + a spare
+    bytes += DeviceBlockPool::bytes_for_blocks(blocks, block);
+  }
+  return bytes;
+}
+
 LayerCaches CudaDecoderModel::make_caches(const ResolvedKV& kv, DenseElem dense_elem) const {
   const bool fused = host_->config().attn_logit_softcap == 0;
   if (impl_->hybrid) {

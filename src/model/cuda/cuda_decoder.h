@@ -53,6 +53,10 @@ class CudaDecoderModel final : public Model {
   LayerCaches make_caches(const ResolvedKV& kv) const { return make_caches(kv, DenseElem::kF16); }
   LayerCaches make_caches(const ResolvedKV& kv, DenseElem dense_elem) const;
   DeviceCacheContext& cache_context() const { return *caches_; }
+  // The most pool bytes one sequence's caches for kv take at `tokens` tokens (whole blocks,
+  // their chunk share included; recurrent states and KV-shared layers not counted), for
+  // admission. Throws what make_caches throws for a setting the GPU cannot hold.
+  size_t kv_bytes_for(const ResolvedKV& kv, int64_t tokens) const;
   const DecoderModel& host() const { return *host_; }
   size_t weight_bytes() const { return weight_bytes_; }
 
