@@ -179,15 +179,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // One warp per (row, head slot): slots [0, heads) are query heads (written to q), then the KV
 // heads' keys, then their values (quantized). qkv_post's bias and RoPE (rope.cuh), in lanes:
 // element d of a rotated pair sits in lane d / 4, its partner rotary_dim / 8 lanes away.
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+// Blocks of kRopeWarps warps, and the next kernel released only at the end: the fused
+// attention kernel that follows needs whole SMs (one block each), and blocks of this kernel
+// still resident on its SMs would hold some of its blocks back.
+constexpr int kRopeWarps = 16;
+__global__ void __launch_bounds__(kRopeWarps * 32)
     tq_rope_quantize_kernel(const TQKernelCodec codec, const TQRopeQuantizeProblem p) {
   pdl_wait();  // launched with PDL (launch.h)
-  pdl_release();
-  __shared__ float scratch[kWarpsPerBlock][L::kHeadDim];
+  __shared__ float scratch[kRopeWarps][L::kHeadDim];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int kv_heads = p.cache.kv_heads;
   const int slots = p.heads + 2 * kv_heads;
-  const int64_t vec = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
+  const int64_t vec = int64_t(blockIdx.x) * kRopeWarps + warp;
   if (vec >= int64_t(p.cache.rows) * slots) return;
   const int slot = int(vec % slots);
   const int64_t row = vec / slots;
@@ -218,10 +221,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   if (slot < p.heads) {
     *reinterpret_cast<float4*>(p.q + (row * p.heads + slot) * L::kHeadDim + 4 * lane) =
         make_float4(x[0], x[1], x[2], x[3]);
+    pdl_release();
     return;
   }
   const int kv = slot - p.heads;
   quantize_vector(codec, p.cache, x, row, kv % kv_heads, kv / kv_heads, scratch[warp], lane);
+  pdl_release();
 }
 
 }  // namespace
@@ -248,8 +253,8 @@ void tq_rope_quantize(const TQKernelCodec& codec, const TQRopeQuantizeProblem& p
                                   " has no tile format (key and value bits 2..4)"));
   }
   const int64_t vectors = int64_t(c.rows) * (problem.heads + 2 * c.kv_heads);
-  const int64_t blocks = (vectors + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  launch_pdl(tq_rope_quantize_kernel, dim3(unsigned(blocks)), dim3(kWarpsPerBlock * 32), 0, stream,
+  const int64_t blocks = (vectors + kRopeWarps - 1) / kRopeWarps;
+  launch_pdl(tq_rope_quantize_kernel, dim3(unsigned(blocks)), dim3(kRopeWarps * 32), 0, stream,
              codec, problem);
 }
 
