@@ -200,20 +200,33 @@ __global__ void __launch_bounds__(kRopeWarps * 32)
   float x[4] = {x4.x, x4.y, x4.z, x4.w};
   for (int j = 0; j < 4; ++j) x[j] = __fadd_rn(x[j], p.bias != nullptr ? p.bias[col + j] : 0.0f);
   if (slot < p.heads + kv_heads && p.rotary_dim > 0) {
-    const int half = p.rotary_dim / 2;
+    const int half = p.rotary_dim / 2;  // <= 64
     const float position = float(p.positions[row]);
+    // cos and sin of pair i (< half) are computed once, by lane i % 32 (its k = i / 32), and
+    // shuffled to the two lanes that rotate with them.
+    float cs[2][2] = {{0, 0}, {0, 0}};
+    for (int k = 0; k < 2; ++k) {
+      const int i = lane + 32 * k;
+      if (i < half) rope_cos_sin(position, p.inv_freq[i], p.attention_scaling, &cs[k][0], &cs[k][1]);
+    }
     const bool low = 4 * lane < half, rotated = 4 * lane < p.rotary_dim;
     const int partner = low ? lane + half / 4 : rotated ? lane - half / 4 : lane;
     for (int j = 0; j < 4; ++j) {
       const float other = __shfl_sync(0xffffffffu, x[j], partner);
+      const int d = 4 * lane + j, i = rotated ? (low ? d : d - half) : 0;
+      const int from = i % 32;
+      const float c0 = __shfl_sync(0xffffffffu, cs[0][0], from);
+      const float s0 = __shfl_sync(0xffffffffu, cs[0][1], from);
+      const float c1 = __shfl_sync(0xffffffffu, cs[1][0], from);
+      const float s1 = __shfl_sync(0xffffffffu, cs[1][1], from);
       if (!rotated) continue;
-      const int d = 4 * lane + j, i = low ? d : d - half;
+      const float c = i < 32 ? c0 : c1, sn = i < 32 ? s0 : s1;
       float ra, rb;
       if (low) {
-        rope_pair(position, p.inv_freq[i], p.attention_scaling, x[j], other, &ra, &rb);
+        rope_rotate(x[j], other, c, sn, &ra, &rb);
         x[j] = ra;
       } else {
-        rope_pair(position, p.inv_freq[i], p.attention_scaling, other, x[j], &ra, &rb);
+        rope_rotate(other, x[j], c, sn, &ra, &rb);
         x[j] = rb;
       }
     }
