@@ -40,7 +40,6 @@ namespace {
 
 constexpr int kDecodeBlock = 32;   // keys per block
 constexpr int kMaxDecodeRows = 8;  // query rows per pass over a block
-constexpr int kDecodePrefetchBlocks = 4;  // blocks requested ahead of the one being read
 
 // A codebook of up to 16 centroids in registers, and the per-lane shifts that bring code j of
 // a group to bits 0..B-1 of lane j. vpermps reads index bits 0-2 only; for B < 3 the table
@@ -385,21 +384,6 @@ inline void decode_norms(const uint16_t* norms, int n, float scale, float* out) 
   for (; t < kDecodeBlock; ++t) out[t] = 0.0f;
 }
 
-// Requests the codes and norms of the block of keys and values starting at token t into the
-// cache (nothing at or past k_end). The four streams are sequential, but an item's streams are short (a key split)
-// and cross a 4 KiB page every 64-128 tokens, where the hardware prefetchers stop and retrain:
-// asking a few blocks ahead hides some of those misses (measured on the AVX2 kernel: 6-8% less
-// CPU time per call at 64k tokens, no change at 16k or when the cache fits in L2).
-inline void prefetch_decode_block(const DecodeTensor& keys, const DecodeTensor& values, int64_t t,
-                                  int64_t k_end) {
-  if (t >= k_end) return;
-  const int n = static_cast<int>(std::min<int64_t>(kDecodeBlock, k_end - t));
-  prefetch_bytes(keys.codes + t * keys.code_bytes, n * keys.code_bytes);
-  prefetch_bytes(values.codes + t * values.code_bytes, n * values.code_bytes);
-  prefetch_bytes(keys.norms + t, n * sizeof(uint16_t));
-  prefetch_bytes(values.norms + t, n * sizeof(uint16_t));
-}
-
 // The item: rows of the single query of problem p on KV head h (q: [group, d] in the key
 // frame), keys [k_begin, k_end); state gets {m, l, acc} of every row (acc in the value frame).
 // D = head_dim, or 0 for a runtime head_dim.
@@ -417,15 +401,10 @@ void decode_item(const TurboQuantKVView& kv, const VectorDecoder& key_decoder,
   alignas(32) float weights[kMaxDecodeRows * kDecodeBlock];
   alignas(32) float key_scale[kDecodeBlock];  // attention scale * key norm
   alignas(32) float value_scale[kDecodeBlock];
-  // The first kDecodePrefetchBlocks blocks are requested at once, then each block requests the
-  // one that far ahead.
-  for (int64_t t = k_begin; t < k_end && t < k_begin + kDecodePrefetchBlocks * kDecodeBlock;
-       t += kDecodeBlock) {
-    prefetch_decode_block(keys, values, t, k_end);
-  }
+  // No software prefetch: the four streams (key and value codes and norms) are sequential, and
+  // the hardware prefetchers keep up better than prefetch instructions do (measured).
   for (int64_t t0 = k_begin; t0 < k_end; t0 += kDecodeBlock) {
     const int n = static_cast<int>(std::min<int64_t>(kDecodeBlock, k_end - t0));
-    prefetch_decode_block(keys, values, t0 + kDecodePrefetchBlocks * kDecodeBlock, k_end);
     const uint8_t* key_codes = keys.codes + t0 * keys.code_bytes;
     const uint8_t* value_codes = values.codes + t0 * values.code_bytes;
     decode_norms(keys.norms + t0, n, p.scale, key_scale);
