@@ -49,7 +49,8 @@ TEST_P(FixtureCases, IdsAndDecodedTextEqualHf) {
 // Pushing ids one by one never yields a partial UTF-8 sequence and concatenates to decode().
 TEST_P(FixtureCases, StreamDecoderMatchesFullDecode) {
   const auto tokenizer = load_named(GetParam());
-  for (const auto& c : load_cases().at(GetParam())) {
+  const nlohmann::json cases = load_cases();  // a range-for would not keep the temporary alive
+  for (const auto& c : cases.at(GetParam())) {
     const auto ids = c.at("ids").get<std::vector<int32_t>>();
     StreamDecoder stream(*tokenizer, /*skip_special_tokens=*/false);
     std::string streamed;
@@ -185,7 +186,8 @@ TEST(Tokenizer, StringAndListMergesAgree) {
     merge = merge[0].get<std::string>() + " " + merge[1].get<std::string>();
   }
   HfTokenizer string_form(root);
-  for (const auto& c : load_cases().at("llama3style")) {
+  const nlohmann::json cases = load_cases();
+  for (const auto& c : cases.at("llama3style")) {
     EXPECT_EQ(string_form.encode(c.at("text").get<std::string>()),
               list_form.encode(c.at("text").get<std::string>()));
   }
