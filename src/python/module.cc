@@ -275,8 +275,9 @@ std::vector<int32_t> prompt_tokens(const Engine& engine, const py::object& promp
   return ids;
 }
 
-// Waits for the stream's next chunk with the GIL released, checking for Ctrl-C every
-// kSignalPoll: an interrupt cancels the request and raises KeyboardInterrupt here.
+// Waits for the stream's next chunk with the GIL released, checking for Ctrl-C after each chunk
+// and every kSignalPoll while none comes (chunks may come faster than that for the whole
+// request): an interrupt cancels the request and raises KeyboardInterrupt here.
 bool next_interruptible(GenerationStream& stream, GenerationChunk* chunk) {
   for (;;) {
     StreamWait r;
@@ -284,11 +285,11 @@ bool next_interruptible(GenerationStream& stream, GenerationChunk* chunk) {
       py::gil_scoped_release release;
       r = stream.next_for(chunk, kSignalPoll);
     }
-    if (r != StreamWait::kTimeout) return r == StreamWait::kChunk;
     if (PyErr_CheckSignals() != 0) {
       stream.cancel();
       throw py::error_already_set();
     }
+    if (r != StreamWait::kTimeout) return r == StreamWait::kChunk;
   }
 }
 
