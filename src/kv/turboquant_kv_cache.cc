@@ -193,6 +193,24 @@ void TurboQuantKVCache::append(const float* k, const float* v, int n_tokens) {
   encode(values_, v, coded, first);
 }
 
+void TurboQuantKVCache::calibrate_from(const float* k, const float* v, int n_tokens,
+                                       int64_t first_pos) {
+  check_append(k, v, n_tokens);
+  if (size() > 0) throw InvalidArgument("calibrate_from: the cache already holds tokens");
+  if (first_pos < 0) throw InvalidArgument(str_cat("calibrate_from: first_pos ", first_pos));
+  if (n_tokens == 0 || (keys_.ready && values_.ready)) return;
+  // As append() on a cache holding first_pos tokens.
+  const int64_t row = int64_t(kv_heads_) * head_dim_;
+  const int64_t to_sinks = std::clamp<int64_t>(config_.sink_tokens - first_pos, 0, n_tokens);
+  const int coded = n_tokens - static_cast<int>(to_sinks);
+  if (coded == 0) return;
+  k += to_sinks * row;
+  v += to_sinks * row;
+  calibrated_on_ = std::min<int64_t>(first_pos, config_.sink_tokens) + to_sinks + coded;
+  if (!keys_.ready) calibrate(keys_, k, coded);
+  if (!values_.ready) calibrate(values_, v, coded);
+}
+
 void TurboQuantKVCache::trim(int64_t n) {
   if (n < 0 || n > size()) {
     throw InvalidArgument(str_cat("trim(", n, ") on a cache of ", size(), " tokens"));

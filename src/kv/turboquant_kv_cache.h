@@ -92,6 +92,11 @@ class TurboQuantKVCache : public KVCache {
   // [kv_heads][head_dim] channel orders of a split key / value codec (empty otherwise).
   std::vector<std::vector<int>> key_channel_orders() const { return keys_.channel_orders(); }
   std::vector<std::vector<int>> value_channel_orders() const { return values_.channel_orders(); }
+  // The state append() fixes from n_tokens tokens [n_tokens, kv_heads, head_dim] at positions
+  // first_pos.. (first_pos tokens held before them), without storing or coding the tokens: the
+  // device caches hold the rows and take the means and orders from here. A no-op once
+  // calibrated or while the tokens are all sink tokens; only on an empty cache.
+  void calibrate_from(const float* k, const float* v, int n_tokens, int64_t first_pos);
   // Fixes the split channel orders (as when loading a saved cache); only before any append.
   void set_channel_orders(const std::vector<std::vector<int>>& key_orders,
                           const std::vector<std::vector<int>>& value_orders);

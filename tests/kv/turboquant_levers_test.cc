@@ -268,5 +268,35 @@ TEST(TurboQuantLevers, SoftCappedScoresWithCenteredKeysAreUnsupported) {
   EXPECT_THROW(TurboQuantKVCache(1, 16, lever_config(3, 4, true, false, -1)), InvalidArgument);
 }
 
+// calibrate_from (what the device caches take their state from) fixes the state append()
+// fixes: the same record, for a first chunk before, across and past the sink tokens.
+TEST(TurboQuantLevers, CalibrateFromFixesTheStateAppendFixes) {
+  const int heads = 2, d = 64, row = heads * d;
+  for (const TurboQuantKVConfig& c :
+       {lever_config(3, 4, true, true, 0), lever_config(3.5, 4, false, true, 4),
+        lever_config(2.5, 3, true, false, 10), lever_config(3, 3, false, false, 0)}) {
+    for (auto [before, n] : std::vector<std::pair<int, int>>{{0, 30}, {0, 3}, {3, 20}, {4, 9}}) {
+      if (before > c.sink_tokens) continue;  // tokens held past the sinks: calibrated already
+      SCOPED_TRACE(::testing::Message() << c.key_bits << "/" << c.value_bits << " sinks "
+                                        << c.sink_tokens << " at " << before << " n " << n);
+      std::vector<float> k = testing::random_normal(size_t(before + n) * row, 7, 1.0f);
+      std::vector<float> v = testing::random_normal(k.size(), 8, 2.0f);
+      add_offsets(k, row, 9);
+      TurboQuantKVCache appended(heads, d, c), direct(heads, d, c);
+      if (before > 0) appended.append(k.data(), v.data(), before);
+      appended.append(k.data() + size_t(before) * row, v.data() + size_t(before) * row, n);
+      appended.trim(before + n);
+      direct.calibrate_from(k.data() + size_t(before) * row, v.data() + size_t(before) * row, n,
+                            before);
+      ByteWriter a, b;
+      appended.write_state(a);
+      direct.write_state(b);
+      EXPECT_EQ(a.buffer(), b.buffer());
+      EXPECT_EQ(appended.calibration_tokens(), direct.calibration_tokens());
+      EXPECT_EQ(direct.size(), 0);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace turbokv

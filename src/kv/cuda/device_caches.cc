@@ -292,17 +292,15 @@ void DeviceKVCache::calibrate(const float* k, const float* v, int n) {
   TURBOKV_CUDA_CHECK(cudaMemcpyAsync(hv.data(), v, count * sizeof(float), cudaMemcpyDeviceToHost,
                                      context_.stream()));
   TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
-  // The CPU cache fixes its state from the same chunk with the same code; keep its state (its
-  // rows are not needed) and take the orders and means from it. The sink rows it already holds
-  // stand in as zeros: they only place the chunk past them.
+  // The CPU cache fixes its state from the same chunk with the same code (without coding the
+  // rows, which the device holds); take the orders and means from it.
   state_host_ = format_->host_cache();
-  const int before = int(std::min<int64_t>(size_, format_->sink_tokens()));
-  if (before > 0) {
-    const std::vector<float> zeros(size_t(before) * row, 0.0f);
-    state_host_->append(zeros.data(), zeros.data(), before);
+  if (auto* tq = dynamic_cast<TurboQuantKVCache*>(state_host_.get())) {
+    tq->calibrate_from(hk.data(), hv.data(), n, size_);
+  } else {
+    state_host_->append(hk.data(), hv.data(), n);
+    state_host_->trim(n);
   }
-  state_host_->append(hk.data(), hv.data(), n);
-  state_host_->trim(before + n);
   adopt_host_state();
 }
 
