@@ -22,6 +22,9 @@ struct KVOptions {
   int64_t quantized_kv_start = 0;           // stay dense until a layer holds this many tokens
   uint64_t seed = 0;                        // rotation / QJL seed
   bool norm_correction = true;              // TurboQuant: store n / ||c||
+  // TurboQuant: store n / <y, c> instead (inner products with the codes unbiased; needs
+  // norm_correction on)
+  bool kv_unbiased_norm = false;
   bool last_layer_dense = true;             // keep the most sensitive layer exact
   // TurboQuant levers (kv/turboquant_kv_cache.h, kv/kv_allocation.h); unset -> the defaults
   // of resolve_kv_options (kv/kv_resolve.h).
@@ -58,6 +61,7 @@ struct ResolvedKV {
   int64_t quantized_kv_start = 0;
   uint64_t seed = 0;
   bool norm_correction = true;
+  bool unbiased_norm = false;  // TurboQuant: stored norms n / <y, c> (quant/codec_mse.h)
   bool last_layer_dense = true;
   bool center_keys = false;  // TurboQuant
   bool center_values = false;

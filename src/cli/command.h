@@ -42,6 +42,7 @@ struct KVFlags {
   int64_t quantized_kv_start = 0;
   uint64_t kv_seed = 0;
   bool no_norm_correction = false;
+  bool kv_unbiased_norm = false;
   bool quantize_last_layer = false;
   std::string kv_centering, kv_allocation, kv_layer_bits;
   int kv_sink_tokens = -1;  // -1: the default

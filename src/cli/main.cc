@@ -98,6 +98,8 @@ void KVFlags::add_to(CLI::App& app) {
       ->check(unsigned_integer());
   app.add_flag("--no-norm-correction", no_norm_correction,
                "TurboQuant: store the plain norm instead of n/||c||");
+  app.add_flag("--kv-unbiased-norm", kv_unbiased_norm,
+               "TurboQuant: store the norm as n/<y,c> (unbiased inner products) instead of n/||c||");
   app.add_flag("--quantize-last-layer", quantize_last_layer,
                "also quantize the last layer (kept dense by default)");
   app.add_option("--kv-centering", kv_centering,
@@ -135,6 +137,7 @@ KVOptions KVFlags::options() const {
   o.quantized_kv_start = quantized_kv_start;
   o.seed = kv_seed;
   o.norm_correction = !no_norm_correction;
+  o.kv_unbiased_norm = kv_unbiased_norm;
   o.last_layer_dense = !quantize_last_layer;
   if (!kv_centering.empty()) o.kv_centering = kv_centering;
   if (kv_sink_tokens >= 0) o.kv_sink_tokens = kv_sink_tokens;

@@ -41,7 +41,7 @@ void write_kv(ByteWriter& out, const ResolvedKV& kv) {
   out.put<int32_t>(kv.group_size);
   out.put<int64_t>(kv.quantized_kv_start);
   out.put<uint64_t>(kv.seed);
-  out.put<uint8_t>(kv.norm_correction ? 1 : 0);
+  out.put<uint8_t>(kv.unbiased_norm ? 2 : (kv.norm_correction ? 1 : 0));
   out.put<uint8_t>(kv.last_layer_dense ? 1 : 0);
   out.put<uint8_t>(kv.center_keys ? 1 : 0);
   out.put<uint8_t>(kv.center_values ? 1 : 0);
@@ -70,7 +70,10 @@ ResolvedKV read_kv(ByteReader& in) {
   kv.group_size = in.get<int32_t>("group size");
   kv.quantized_kv_start = in.get<int64_t>("quantized_kv_start");
   kv.seed = in.get<uint64_t>("seed");
-  kv.norm_correction = in.get<uint8_t>("norm correction") != 0;
+  const uint8_t norm_mode = in.get<uint8_t>("norm mode");
+  if (norm_mode > 2) throw FormatError(str_cat("cache file: unknown norm mode ", int(norm_mode)));
+  kv.norm_correction = norm_mode != 0;
+  kv.unbiased_norm = norm_mode == 2;
   kv.last_layer_dense = in.get<uint8_t>("last layer dense") != 0;
   kv.center_keys = in.get<uint8_t>("key centering") != 0;
   kv.center_values = in.get<uint8_t>("value centering") != 0;
@@ -123,7 +126,9 @@ std::string describe_kv(const ResolvedKV& kv) {
   std::string text = kv_scheme_name(kv.scheme);
   if (kv.scheme == KVScheme::kTurboQuant) {
     text += str_cat(" K", kv.key_bits, "/V", kv.value_bits, ", seed ", kv.seed,
-                    kv.norm_correction ? ", norm correction" : ", no norm correction");
+                    kv.unbiased_norm     ? ", unbiased norms"
+                    : kv.norm_correction ? ", norm correction"
+                                         : ", no norm correction");
     if (kv.center_keys || kv.center_values) {
       text += kv.center_keys && kv.center_values ? ", centered keys and values"
               : kv.center_keys                   ? ", centered keys"

@@ -6,7 +6,8 @@
 //   payload:
 //     model tag (u32 length + bytes) | model fingerprint u64
 //     KV settings: scheme u8 | key_bits f64 | value_bits f64 | group_size i32 |
-//                  quantized_kv_start i64 | seed u64 | norm_correction u8 | last_layer_dense u8 |
+//                  quantized_kv_start i64 | seed u64 | norm mode u8 (0 plain, 1 norm correction,
+//                  2 unbiased) | last_layer_dense u8 |
 //                  center_keys u8 | center_values u8 | sink_tokens i32 | allocation u8 |
 //                  budget_bits f64 | hadamard u8 | n u32 | n x (layer i32 | dense u8 |
 //                  key_bits f64 | value_bits f64)

@@ -32,6 +32,7 @@ const char* layer_cache_kind_name(LayerCacheKind kind) {
 
 TurboQuantKVConfig turboquant_config(const ResolvedKV& kv) {
   TurboQuantKVConfig c{kv.key_bits, kv.value_bits, kv.seed, kv.norm_correction};
+  c.unbiased_norm = kv.unbiased_norm;
   c.center_keys = kv.center_keys;
   c.center_values = kv.center_values;
   c.sink_tokens = kv.sink_tokens;

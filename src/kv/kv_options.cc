@@ -83,6 +83,13 @@ void resolve_turboquant_levers(const KVOptions& o, ResolvedKV& r) {
                                   "' is unknown; allowed: 'none', 'keys', 'values', 'both'"),
                           "kv_centering");
   }
+  if (o.kv_unbiased_norm && !o.norm_correction) {
+    throw InvalidArgument(
+        "kv_unbiased_norm replaces the norm correction's n/||c|| by n/<y, c>; it cannot be "
+        "combined with the plain norm (no norm correction)",
+        "kv_unbiased_norm");
+  }
+  r.unbiased_norm = o.kv_unbiased_norm;
   r.center_keys = centering == "keys" || centering == "both";
   r.center_values = centering == "values" || centering == "both";
   r.sink_tokens = o.kv_sink_tokens.value_or(0);
@@ -217,7 +224,8 @@ ResolvedKV resolve_kv_options(const KVOptions& o) {
   for (auto [given, name] : {std::pair{o.kv_centering.has_value(), "kv_centering"},
                              std::pair{o.kv_sink_tokens.has_value(), "kv_sink_tokens"},
                              std::pair{o.kv_allocation.has_value(), "kv_allocation"},
-                             std::pair{o.kv_budget.has_value(), "kv_budget"}}) {
+                             std::pair{o.kv_budget.has_value(), "kv_budget"},
+                             std::pair{o.kv_unbiased_norm, "kv_unbiased_norm"}}) {
     if (given) {
       throw InvalidArgument(str_cat(name, " applies to the TurboQuant scheme, not to uniform"),
                             name);

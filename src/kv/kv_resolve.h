@@ -21,7 +21,10 @@
 //    default otherwise): the mlx-vlm split in every layer. "auto": per-layer bits measured on a
 //    sequence's first chunk under a budget (kv/kv_allocation.h; kv_budget, default the plain
 //    setting's bits; perplexity only);
-//  - kv_layer_bits: explicit per-layer bits or dense layers (boundary layers), applied last.
+//  - kv_layer_bits: explicit per-layer bits or dense layers (boundary layers), applied last;
+//  - kv_unbiased_norm (default off): each vector's stored norm is n / <y, C[idx]> instead of the
+//    norm correction's n / ||C[idx]||, so that inner products with the decoded vector are
+//    unbiased (quant/codec_mse.h step 5); the codes and the decoder are unchanged.
 // The uniform scheme takes kv_hadamard and kv_layer_bits only.
 #pragma once
 
@@ -35,7 +38,7 @@ namespace turbokv {
 // Throws InvalidArgument naming the bad value and what is allowed; its param() is the field
 // ("kv_bits", "kv_key_bits", "kv_value_bits", "kv_quant_scheme", "kv_group_size",
 // "quantized_kv_start", "kv_centering", "kv_sink_tokens", "kv_allocation", "kv_budget",
-// "kv_layer_bits", "kv_hadamard").
+// "kv_layer_bits", "kv_hadamard", "kv_unbiased_norm").
 ResolvedKV resolve_kv_options(const KVOptions& options);
 
 // Parses a user-written bit width ("3.5", "4"); throws InvalidArgument (param = what) for "abc",

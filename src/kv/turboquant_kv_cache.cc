@@ -26,6 +26,10 @@ std::unique_ptr<quant::TurboQuantCodec> make_codec(const quant::TurboQuantConfig
 
 }  // namespace
 
+uint8_t norm_mode_byte(const TurboQuantKVConfig& config) {
+  return config.unbiased_norm ? 2 : (config.norm_correction ? 1 : 0);
+}
+
 quant::TurboQuantConfig turboquant_codec_config(int head_dim, double bits, quant::TensorRole role,
                                                 const TurboQuantKVConfig& config) {
   quant::TurboQuantConfig c;
@@ -34,6 +38,7 @@ quant::TurboQuantConfig turboquant_codec_config(int head_dim, double bits, quant
   c.seed = config.seed;
   c.role = role;
   c.norm_correction = config.norm_correction;
+  c.unbiased_norm = config.unbiased_norm;
   return c;
 }
 
@@ -307,7 +312,7 @@ void TurboQuantKVCache::write_state(ByteWriter& out) const {
   out.put<double>(config_.key_bits);
   out.put<double>(config_.value_bits);
   out.put<uint64_t>(config_.seed);
-  out.put<uint8_t>(config_.norm_correction ? 1 : 0);
+  out.put<uint8_t>(norm_mode_byte(config_));
   out.put<uint8_t>(config_.center_keys ? 1 : 0);
   out.put<uint8_t>(config_.center_values ? 1 : 0);
   out.put<int32_t>(config_.sink_tokens);
@@ -326,8 +331,8 @@ void TurboQuantKVCache::read_state(ByteReader& in) {
   expect_same("key bits", in.get<double>("key bits"), config_.key_bits);
   expect_same("value bits", in.get<double>("value bits"), config_.value_bits);
   expect_same("rotation seed", in.get<uint64_t>("seed"), config_.seed);
-  expect_same("norm correction", int(in.get<uint8_t>("norm correction")),
-              int(config_.norm_correction));
+  expect_same("norm mode (0 plain, 1 norm correction, 2 unbiased)",
+              int(in.get<uint8_t>("norm mode")), int(norm_mode_byte(config_)));
   expect_same("key centering", int(in.get<uint8_t>("key centering")), int(config_.center_keys));
   expect_same("value centering", int(in.get<uint8_t>("value centering")),
               int(config_.center_values));

@@ -40,6 +40,7 @@ struct TurboQuantKVConfig {
   double value_bits = 4;  // multiple of 0.5 in [1, 8]
   uint64_t seed = 0;
   bool norm_correction = true;
+  bool unbiased_norm = false;  // stored norms n / <y, C[idx]> (quant/codec_mse.h step 5)
   bool center_keys = false;    // subtract the per-head key mean before coding
   bool center_values = false;  // subtract the per-head value mean before coding
   int sink_tokens = 0;         // the first positions kept as fp16 rows (0..kMaxSinkTokens)
@@ -49,6 +50,10 @@ struct TurboQuantKVConfig {
 // and norm correction. Device caches build their codecs from the same settings.
 quant::TurboQuantConfig turboquant_codec_config(int head_dim, double bits, quant::TensorRole role,
                                                 const TurboQuantKVConfig& config);
+
+// The stored-norm rule as one byte (cache state and files): 0 plain, 1 norm correction,
+// 2 unbiased.
+uint8_t norm_mode_byte(const TurboQuantKVConfig& config);
 
 class TurboQuantKVCache : public KVCache {
  public:
@@ -67,7 +72,7 @@ class TurboQuantKVCache : public KVCache {
   size_t nbytes() const override;
   // Throws Unsupported for soft-capped scores with centered keys.
   void attend(const float* q, int n_q, const AttentionParams& params, float* out) const override;
-  // State: bits, seed, norm correction, centering, sink tokens, the means, the split channel
+  // State: bits, seed, norm mode (norm_mode_byte), centering, sink tokens, the means, the split channel
   // orders and the tokens they were estimated on. Rows: fp16 sink rows, then codes and norms.
   void write_state(ByteWriter& out) const override;
   void read_state(ByteReader& in) override;

@@ -49,7 +49,8 @@ std::unique_ptr<TurboQuantCodec> make_turboquant_codec(const TurboQuantConfig& c
     }
     return std::make_unique<MseCodec>(
         MseCodecConfig{config.dim, int(config.bits), config.seed,
-                       key ? RotationRole::kKey : RotationRole::kValue, config.norm_correction});
+                       key ? RotationRole::kKey : RotationRole::kValue, config.norm_correction,
+                       config.unbiased_norm});
   }
   SplitCodecConfig split;
   split.dim = config.dim;
@@ -57,6 +58,7 @@ std::unique_ptr<TurboQuantCodec> make_turboquant_codec(const TurboQuantConfig& c
   split.seed = config.seed;
   split.role = config.role;
   split.norm_correction = config.norm_correction;
+  split.unbiased_norm = config.unbiased_norm;
   split.channel_order = config.channel_order;
   return std::make_unique<SplitCodec>(split);
 }

@@ -79,6 +79,7 @@ struct TurboQuantConfig {
   // Split codec only: [dim] channel permutation, the first round(dim/2) are the "high"
   // (k+1 bits) half. Empty -> channels in natural order. See choose_split_channels().
   std::vector<int> channel_order;
+  bool unbiased_norm = false;  // stored norm n / <y, C[idx]> (codec_mse.h step 5)
 };
 
 // MseCodec for integer bits, SplitCodec for k + 0.5. Throws InvalidArgument naming the bad

@@ -92,26 +92,36 @@ Scratch& scratch(int padded_dim) {
   return s;
 }
 
+// Σ C[idx]² and Σ y_i C[idx_i], each in the documented tree of 8 partial sums.
+struct CentroidSums {
+  float energy = 0;
+  float dot = 0;
+};
+
 // Steps 4-6 of quantize on y [padded] (rotated unit vector, zero padding): nearest centroid,
-// centroid energy for the norm correction, packing. Returns Σ C[idx]² (documented tree).
+// centroid energy and projection for the stored norm, packing.
 template <int B>
-float code_rotated(const MseCodec& codec, const float* y, uint8_t* codes, Scratch& s) {
+CentroidSums code_rotated(const MseCodec& codec, const float* y, uint8_t* codes, Scratch& s) {
   const int d = codec.dim();
   const int padded = (d + 7) / 8 * 8;
   const Codebook& book = codec.codebook();
   const CentroidTable<B> table(book.centroids.data());
   __m256 c_partial = _mm256_setzero_ps();
+  __m256 dot_partial = _mm256_setzero_ps();
   for (int i = 0; i < padded; i += 8) {
-    __m256i idx = nearest8<B>(_mm256_loadu_ps(y + i), book.boundaries.data());
+    const __m256 yv = _mm256_loadu_ps(y + i);
+    __m256i idx = nearest8<B>(yv, book.boundaries.data());
     if (i + 8 > d) {  // zero the padding lanes: no centroid energy, no stray code bits
       const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
       const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(d - i), lane);
       const __m256 c = _mm256_and_ps(table.lookup(idx), _mm256_castsi256_ps(live));
       c_partial = _mm256_add_ps(c_partial, _mm256_mul_ps(c, c));
+      dot_partial = _mm256_add_ps(dot_partial, _mm256_mul_ps(yv, c));
       idx = _mm256_and_si256(idx, live);
     } else {
       const __m256 c = table.lookup(idx);
       c_partial = _mm256_add_ps(c_partial, _mm256_mul_ps(c, c));
+      dot_partial = _mm256_add_ps(dot_partial, _mm256_mul_ps(yv, c));
     }
     if constexpr (B <= 4) {
       const uint32_t word = pack8<B>(idx);
@@ -126,7 +136,7 @@ float code_rotated(const MseCodec& codec, const float* y, uint8_t* codes, Scratc
     for (int i = 0; i < d; ++i) s.codes[i] = uint8_t(s.idx[i]);
     pack_codes(s.codes.data(), d, B, codes);
   }
-  return reduce_tree(c_partial);
+  return CentroidSums{reduce_tree(c_partial), reduce_tree(dot_partial)};
 }
 
 template <int B>
@@ -173,10 +183,12 @@ void mse_quantize_bits(const MseCodec& codec, const float* x, uint8_t* codes, ui
     rotation.apply(u, y, Isa::kAvx2);
     std::fill(y + d, y + padded, 0.0f);
   }
-  const float centroid_energy = code_rotated<B>(codec, y, codes, s);
+  const CentroidSums sums = code_rotated<B>(codec, y, codes, s);
   float stored = n;
-  if (codec.norm_correction()) {
-    const float cn = std::sqrt(centroid_energy);
+  if (codec.unbiased_norm()) {
+    if (sums.dot > 0) stored = n / sums.dot;
+  } else if (codec.norm_correction()) {
+    const float cn = std::sqrt(sums.energy);
     if (cn > 0) stored = n / cn;
   }
   norm[0] = f32_to_f16(stored);

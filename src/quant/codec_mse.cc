@@ -19,9 +19,19 @@ float sum_squares_ref(const float* x, int n) {
   return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
 }
 
+float dot_ref(const float* a, const float* b, int n) {
+  float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int i = 0; i < n; ++i) {
+    const float product = a[i] * b[i];
+    p[i % 8] = p[i % 8] + product;
+  }
+  return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+}
+
 MseCodec::MseCodec(const MseCodecConfig& config)
     : layout_(make_packed_layout(config.dim, config.bits)),
-      norm_correction_(config.norm_correction) {
+      norm_correction_(config.norm_correction),
+      unbiased_norm_(config.unbiased_norm) {
   codebook_ = &lloyd_max_codebook(config.dim, config.bits);  // validates dim >= 2
   rotation_ = Rotation::get(config.seed, config.dim, config.role);
 }
@@ -41,14 +51,19 @@ void MseCodec::quantize(const float* x, uint8_t* codes, uint16_t* norms, Isa isa
   for (int i = 0; i < d; ++i) u[i] = x[i] * inv;
   rotation_->apply(u, y, Isa::kScalar);
   thread_local std::vector<uint8_t> idx;
+  thread_local std::vector<float> c;
   idx.resize(d);
+  c.resize(d);
   for (int i = 0; i < d; ++i) {
     idx[i] = uint8_t(nearest_centroid(*codebook_, y[i]));
-    y[i] = codebook_->centroids[idx[i]];  // y now holds ĉ
+    c[i] = codebook_->centroids[idx[i]];
   }
   float stored = n;
-  if (norm_correction_) {
-    const float cn = std::sqrt(sum_squares_ref(y, d));
+  if (unbiased_norm_) {
+    const float p = dot_ref(y, c.data(), d);
+    if (p > 0) stored = n / p;
+  } else if (norm_correction_) {
+    const float cn = std::sqrt(sum_squares_ref(c.data(), d));
     if (cn > 0) stored = n / cn;
   }
   norms[0] = f32_to_f16(stored);

@@ -14,6 +14,10 @@
 //  4. idx_i = #{k : B[k] < y_i} (strict; NaN -> 0).
 //  5. Norm correction on: cs = Σ C[idx_i]² with the same 8 partial sums and tree as step 1,
 //     cn = sqrtf(cs), stored = cn > 0 ? n / cn : n (float division). Off: stored = n.
+//     Unbiased norm (overrides both): p = Σ y_i*C[idx_i] (same partial sums and tree),
+//     stored = p > 0 ? n / p : n. Then <q, dequantize(x)> = <q, x> + n/p <R q, C - p y>: the
+//     decoded vector's component along x is exactly x, the rest is the code's error orthogonal
+//     to y (p > 0 whenever y != 0: every y_i*C[idx_i] >= 0, the codebook being symmetric).
 //     norm = f32_to_f16(stored) (round to nearest even, core/half.h).
 //  6. Codes packed LSB-first (bitpack.h): code i at bits [i*b, (i+1)*b) of the code bytes.
 // dequantize(): y_i = C[idx_i] * f16_to_f32(norm); x = R^T y (rotation.h order).
@@ -51,6 +55,7 @@ struct MseCodecConfig {
   uint64_t seed = 0;
   RotationRole role = RotationRole::kKey;
   bool norm_correction = true;
+  bool unbiased_norm = false;  // step 5: stored = n / <y, C[idx]> (overrides norm_correction)
 };
 
 class MseCodec final : public TurboQuantCodec {
@@ -67,6 +72,7 @@ class MseCodec final : public TurboQuantCodec {
   const Rotation& rotation() const { return *rotation_; }
   const Codebook& codebook() const { return *codebook_; }
   bool norm_correction() const { return norm_correction_; }
+  bool unbiased_norm() const { return unbiased_norm_; }
 
   void quantize(const float* x, uint8_t* codes, uint16_t* norms,
                 Isa isa = best_isa()) const override;
@@ -94,12 +100,15 @@ class MseCodec final : public TurboQuantCodec {
  private:
   PackedLayout layout_;
   bool norm_correction_;
+  bool unbiased_norm_;
   std::shared_ptr<const Rotation> rotation_;
   const Codebook* codebook_;
 };
 
 // Sum of squares in the documented order (8 interleaved partial sums, fixed tree).
 float sum_squares_ref(const float* x, int n);
+// Σ a_i*b_i in the same order.
+float dot_ref(const float* a, const float* b, int n);
 
 namespace avx2 {
 void mse_quantize(const MseCodec& codec, const float* x, uint8_t* codes, uint16_t* norm);

@@ -46,6 +46,7 @@ MseCodecConfig half_config(const SplitCodecConfig& config, bool high) {
   c.role = high ? (key ? RotationRole::kKeySplitHigh : RotationRole::kValueSplitHigh)
                 : (key ? RotationRole::kKeySplitLow : RotationRole::kValueSplitLow);
   c.norm_correction = config.norm_correction;
+  c.unbiased_norm = config.unbiased_norm;
   return c;
 }
 

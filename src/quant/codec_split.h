@@ -17,6 +17,7 @@ struct SplitCodecConfig {
   uint64_t seed = 0;
   TensorRole role = TensorRole::kKey;
   bool norm_correction = true;
+  bool unbiased_norm = false;
   std::vector<int> channel_order;  // [dim] permutation, high channels first; empty = natural
 };
 

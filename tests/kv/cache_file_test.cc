@@ -80,8 +80,9 @@ void write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
 }
 
 // The TurboQuant levers and the uniform rotation: means, sinks and per-layer bits in the file.
-ResolvedKV with_levers(double bits, const std::string& scheme) {
+ResolvedKV with_levers(double bits, const std::string& scheme, bool unbiased_norm = false) {
   KVOptions o;
+  o.kv_unbiased_norm = unbiased_norm;
   o.kv_bits = bits;
   o.kv_quant_scheme = scheme;
   o.last_layer_dense = false;
@@ -105,6 +106,7 @@ TEST(CacheFile, RoundTripGivesIdenticalAttentionForEveryCacheType) {
                                 options(3.5, "turboquant", 20),
                                 options(3.5, "turboquant", 500),
                                 with_levers(3.5, "turboquant"),
+                                with_levers(3, "turboquant", true),
                                 with_levers(4, "uniform")};
   for (const ResolvedKV& kv : configs) {
     LayerCaches saved = make_layer_caches(kLayers, kv);

@@ -126,6 +126,15 @@ TEST(KVOptions, LeverValuesAreCheckedAndNamed) {
   EXPECT_EQ(resolve_kv_options(o).budget_bits, 3.75);
   o.kv_budget = 0.5;
   EXPECT_EQ(param_of(o), "kv_budget");
+  o.kv_budget.reset();
+  o.kv_unbiased_norm = true;
+  EXPECT_TRUE(resolve_kv_options(o).unbiased_norm);
+  o.norm_correction = false;  // the unbiased norm replaces the norm correction, not the plain norm
+  EXPECT_EQ(param_of(o), "kv_unbiased_norm");
+  KVOptions uniform;
+  uniform.kv_bits = 4;
+  uniform.kv_unbiased_norm = true;
+  EXPECT_EQ(param_of(uniform), "kv_unbiased_norm");
 }
 
 }  // namespace

@@ -79,6 +79,41 @@ TEST(MseCodec, NormCorrectionRestoresTheNormAndDoesNotHurtAtLowBits) {
   }
 }
 
+// The unbiased norm s = n / <y, c> makes the decoded vector's projection on x exact:
+// <x, R^T (s c)> = s <R x, c> = s n <y, c> = n^2 (up to the fp16 norm), at every bit width;
+// the norm correction's n / ||c|| falls short by the factor <y, c> / ||c|| < 1 (the codes'
+// error), the plain norm by <y, c>.
+TEST(MseCodec, UnbiasedNormKeepsTheInnerProductWithTheVector) {
+  for (int bits : {1, 2, 3, 4}) {
+    const MseCodec unbiased({128, bits, 0, RotationRole::kKey, true, true});
+    const MseCodec corrected({128, bits, 0, RotationRole::kKey, true, false});
+    const std::vector<float> x = testing::gaussian_matrix(50, 128, 11 + bits);
+    std::vector<uint8_t> codes(unbiased.code_bytes());
+    std::vector<float> back(128);
+    double corrected_ratio = 0;
+    for (int t = 0; t < 50; ++t) {
+      const float* v = x.data() + t * 128;
+      double energy = 0;
+      for (int i = 0; i < 128; ++i) energy += double(v[i]) * v[i];
+      for (const MseCodec* codec : {&unbiased, &corrected}) {
+        uint16_t norm;
+        codec->quantize(v, codes.data(), &norm);
+        codec->dequantize(codes.data(), &norm, back.data());
+        double projection = 0;
+        for (int i = 0; i < 128; ++i) projection += double(back[i]) * v[i];
+        if (codec == &unbiased) {
+          EXPECT_NEAR(projection / energy, 1.0, 1e-3) << "bits " << bits;  // fp16 norm
+        } else {
+          corrected_ratio += projection / energy / 50;
+        }
+      }
+    }
+    // 1 - ratio ~ D/2 (D: the codebook's unit MSE), far above the fp16 tolerance.
+    EXPECT_LT(corrected_ratio, 1.0 - 0.2 * lloyd_max_codebook(128, bits).unit_mse)
+        << "bits " << bits;
+  }
+}
+
 TEST(MseCodec, RoundTripOfEveryDimAndBitWidth) {
   for (int dim : {2, 3, 64, 80, 96, 128, 256}) {
     for (int bits = 1; bits <= 8; ++bits) {
@@ -117,8 +152,8 @@ TEST(MseCodec, ScalarAndAvx2CodesAreBitIdentical) {
   if (!cpu_has_avx2()) GTEST_SKIP() << "no AVX2 on this CPU";
   for (int dim : {2, 3, 5, 12, 64, 80, 96, 128, 256}) {
     for (int bits = 1; bits <= 8; ++bits) {
-      for (bool correction : {false, true}) {
-        const MseCodec codec({dim, bits, 3, RotationRole::kValue, correction});
+      for (int mode = 0; mode < 3; ++mode) {  // plain, norm correction, unbiased norm
+        const MseCodec codec({dim, bits, 3, RotationRole::kValue, mode >= 1, mode == 2});
         std::vector<float> x = testing::gaussian_matrix(200, dim, 1000 + dim * 8 + bits);
         for (int i = 0; i < dim; ++i) x[i] = 0.0f;  // an all-zero vector too
         const Coded scalar = quantize_each(codec, x, 200, Isa::kScalar);
