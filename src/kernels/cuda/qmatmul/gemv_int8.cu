@@ -10,12 +10,9 @@
 // w & 0x0F0F0F0F and (w >> 4) & 0x0F0F0F0F. d and d·Σq per 32-block follow the codes in the
 // workspace. Σ (s·q + b)·x over a 32-block = s·d·Σ q·qx + b·(d·Σ qx).
 //
-// Rows of up to 14336 columns (every Llama-3-8B product) take one kernel: each block quantizes
-// x into shared memory (18 KB at most) and then runs the GEMV on it; wider rows quantize x once
-// into the workspace first.
 // GEMV: blocks of 8 warps, 2 rows per warp; lane l takes 32-value units l, l + 32, ... of both
 // rows, 4 units per pass with all loads issued first (codes 16 B per unit and row, the
-// activation bytes 32 B per unit, shared by the two rows).
+// activation bytes 32 B per unit from L1/L2, shared by the two rows).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -34,10 +31,13 @@ __device__ __forceinline__ float scale_value(uint32_t bits, bool bf16) {
               : __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
 }
 
-// Block `block` of x quantized by one warp (lane = value): codes into xq in the nibble order
-// of the header, d and d·Σq into xd, xs. xq, xd, xs may be global or shared memory.
-__device__ __forceinline__ void quantize_block(const float* __restrict__ x, int64_t block,
-                                               int lane, int8_t* xq, float* xd, float* xs) {
+// One warp per 32-block of x.
+__global__ void quantize_kernel(const float* __restrict__ x, int64_t blocks,
+                                int8_t* __restrict__ xq, float* __restrict__ xd,
+                                float* __restrict__ xs) {
+  const int64_t block = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (block >= blocks) return;
+  const int lane = threadIdx.x % 32;
   const float v = x[32 * block + lane];
   float amax = fabsf(v);
 #pragma unroll
@@ -56,18 +56,11 @@ __device__ __forceinline__ void quantize_block(const float* __restrict__ x, int6
   }
 }
 
-// One warp per 32-block of x (the path for rows too wide to stage in shared memory).
-__global__ void quantize_kernel(const float* __restrict__ x, int64_t blocks,
-                                int8_t* __restrict__ xq, float* __restrict__ xd,
-                                float* __restrict__ xs) {
-  const int64_t block = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (block >= blocks) return;
-  quantize_block(x, block, threadIdx.x % 32, xq, xd, xs);
-}
-
-// The rows of this block's warps against the quantized x (global or shared memory).
-__device__ __forceinline__ void gemv_rows(const WeightArgs& w, const int8_t* xq, const float* xd,
-                                          const float* xs, float* __restrict__ y) {
+__global__ void __launch_bounds__(kWarps * 32) gemv_affine4_kernel(const WeightArgs w,
+                                                                   const int8_t* __restrict__ xq,
+                                                                   const float* __restrict__ xd,
+                                                                   const float* __restrict__ xs,
+                                                                   float* __restrict__ y) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row0 = (int64_t(blockIdx.x) * kWarps + warp) * kRowsPerWarp;
   if (row0 >= w.rows) return;
@@ -93,10 +86,10 @@ __device__ __forceinline__ void gemv_rows(const WeightArgs& w, const int8_t* xq,
           b[j][r] = __ldg(reinterpret_cast<const unsigned short*>(w.biases) + g);
         }
         const uint4* xp = reinterpret_cast<const uint4*>(xq + 32 * u);
-        xa[j] = xp[0];
-        xb[j] = xp[1];
-        d[j] = xd[u];
-        sx[j] = xs[u];
+        xa[j] = __ldg(xp);
+        xb[j] = __ldg(xp + 1);
+        d[j] = __ldg(xd + u);
+        sx[j] = __ldg(xs + u);
       }
     }
 #pragma unroll
@@ -129,37 +122,6 @@ __device__ __forceinline__ void gemv_rows(const WeightArgs& w, const int8_t* xq,
   }
 }
 
-__global__ void __launch_bounds__(kWarps * 32) gemv_affine4_kernel(const WeightArgs w,
-                                                                   const int8_t* __restrict__ xq,
-                                                                   const float* __restrict__ xd,
-                                                                   const float* __restrict__ xs,
-                                                                   float* __restrict__ y) {
-  gemv_rows(w, xq, xd, xs, y);
-}
-
-// Rows up to kFusedMaxCols: every block quantizes x into shared memory itself (x is read from
-// L2), which saves the separate quantize launch and its dependency, the larger cost on the
-// smaller matrices of a decode step.
-constexpr int64_t kFusedMaxCols = 14336;
-
-__host__ __device__ constexpr int64_t staged_bytes(int64_t cols) {
-  return (cols + 15) / 16 * 16 + 2 * 4 * (cols / 32);
-}
-
-__global__ void __launch_bounds__(kWarps * 32) gemv_affine4_fused_kernel(const WeightArgs w,
-                                                                         const float* __restrict__ x,
-                                                                         float* __restrict__ y) {
-  extern __shared__ float4 staged[];
-  int8_t* xq = reinterpret_cast<int8_t*>(staged);
-  const int64_t blocks = w.cols / 32;
-  float* xd = reinterpret_cast<float*>(xq + (w.cols + 15) / 16 * 16);
-  float* xs = xd + blocks;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int64_t b = warp; b < blocks; b += kWarps) quantize_block(x, b, lane, xq, xd, xs);
-  __syncthreads();
-  gemv_rows(w, xq, xd, xs, y);
-}
-
 }  // namespace
 
 int64_t gemv_int8_workspace_bytes(int64_t cols) {
@@ -168,13 +130,6 @@ int64_t gemv_int8_workspace_bytes(int64_t cols) {
 
 void launch_gemv_affine4_int8(const WeightArgs& w, const float* x, float* y, uint8_t* workspace,
                               cudaStream_t stream) {
-  const int64_t grid = (w.rows + kWarps * kRowsPerWarp - 1) / (kWarps * kRowsPerWarp);
-  if (w.cols <= kFusedMaxCols) {
-    gemv_affine4_fused_kernel<<<unsigned(grid), kWarps * 32, size_t(staged_bytes(w.cols)),
-                                stream>>>(w, x, y);
-    TURBOKV_CUDA_CHECK_LAUNCH();
-    return;
-  }
   const int64_t blocks = w.cols / 32;
   int8_t* xq = reinterpret_cast<int8_t*>(workspace);
   float* xd = reinterpret_cast<float*>(workspace + (w.cols + 15) / 16 * 16);
@@ -182,6 +137,7 @@ void launch_gemv_affine4_int8(const WeightArgs& w, const float* x, float* y, uin
   quantize_kernel<<<unsigned((blocks + kWarps - 1) / kWarps), kWarps * 32, 0, stream>>>(
       x, blocks, xq, xd, xs);
   TURBOKV_CUDA_CHECK_LAUNCH();
+  const int64_t grid = (w.rows + kWarps * kRowsPerWarp - 1) / (kWarps * kRowsPerWarp);
   gemv_affine4_kernel<<<unsigned(grid), kWarps * 32, 0, stream>>>(w, xq, xd, xs, y);
   TURBOKV_CUDA_CHECK_LAUNCH();
 }
