@@ -10,7 +10,7 @@
 //                           since the rule updates the columns independently (a block per head
 //                           and 32 columns); q, k, v and the gates are staged in shared memory
 //                           16 tokens at a time
-//   gated_delta_chunked   : the chunked form, below; exact too, but as written 5-8x slower than
+//   gated_delta_chunked   : the chunked form, below; exact too, but as written 6-9x slower than
 //                           the recurrence on an H200 (bench/cuda/delta_rule_bench), so the
 //                           forward does not use it
 //   gated_rms_norm        : x = w * rmsnorm(x) * silu(z) per head

@@ -605,7 +605,7 @@ void HybridForward::Impl::linear_attention_layer(int l, const std::vector<Sequen
     in.g = a + s.row * Hv;
     in.beta = b + s.row * Hv;
     in.T = s.count;
-    // The recurrence for prefill too: on an H200 it is 5-8x faster than the chunked kernel
+    // The recurrence for prefill too: on an H200 it is 6-9x faster than the chunked kernel
     // at the Qwen3.5-4B shape (bench/cuda/delta_rule_bench, docs/benchmarks.md).
     gated_delta_recurrent(in, dims, states[i]->state(), core + s.row * v_dim, stream);
     states[i]->advance(s.count);
