@@ -16,8 +16,16 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The benchmark fills paged device caches; layers kept elsewhere (recurrent states, KV-shared
+// views, wide dense caches of the hybrid families) are refused by name.
 cuda::DeviceKVCache& device_cache(LayerCaches& caches, size_t layer) {
-  return dynamic_cast<cuda::DeviceKVCache&>(*caches[layer]);
+  auto* cache = dynamic_cast<cuda::DeviceKVCache*>(caches[layer].get());
+  if (cache == nullptr) {
+    throw Unsupported(str_cat("bench e2e --device cuda: layer ", layer,
+                              " does not keep a paged KV cache (recurrent state, shared or wide "
+                              "layer); the GPU benchmark runs models whose every layer has one"));
+  }
+  return *cache;
 }
 
 // Fills every layer's cache to `depth` tokens (see gpu_bench.h).

@@ -1,13 +1,17 @@
 // DeviceBlockPool's bookkeeping over host memory (no GPU needed): chunks serve one block size
 // at a time and go back to the pool when their last block is released; reservations stop at
-// the budget; blocks never overlap.
+// the budget; blocks never overlap. Also the device formats' host-side refusals.
 #include "kv/cuda/device_pool.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <set>
+#include <string>
 #include <vector>
+
+#include "core/error.h"
+#include "kv/cuda/device_formats.h"
 
 namespace turbokv::cuda {
 namespace {
@@ -86,6 +90,26 @@ TEST(DeviceBlockPool, ReservationsStopAtTheBudget) {
   pool.unreserve(4 * kChunk);
   EXPECT_EQ(pool.stats().reserved_bytes, 0u);
   EXPECT_EQ(DeviceBlockPool::bytes_for_blocks(3, kChunk / 3 + 16), 3 * kChunk / 2);
+}
+
+// A TurboQuant setting the device kernels do not write is refused by name, before any GPU
+// work, on the fused and the generic path alike.
+TEST(DeviceFormats, UnbiasedNormIsRefusedNotIgnored) {
+  LayerCachePlan plan;
+  plan.kind = LayerCacheKind::kTurboQuant;
+  plan.kv_heads = 8;
+  plan.head_dim = 128;
+  plan.turboquant.key_bits = 3;
+  plan.turboquant.value_bits = 4;
+  plan.turboquant.unbiased_norm = true;
+  for (const bool fused : {true, false}) {
+    try {
+      make_device_format(plan, DenseElem::kF16, fused);
+      ADD_FAILURE() << "no error (fused " << fused << ")";
+    } catch (const Unsupported& e) {
+      EXPECT_NE(std::string(e.what()).find("--kv-unbiased-norm"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

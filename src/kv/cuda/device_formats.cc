@@ -411,6 +411,12 @@ std::shared_ptr<const DeviceFormat> make_device_format(const LayerCachePlan& p, 
     case LayerCacheKind::kRotating:
       return std::make_shared<DenseDeviceFormat>(elem, p.kv_heads, p.head_dim);
     case LayerCacheKind::kTurboQuant:
+      // The device quantize kernels store the norm-corrected norm; writing another norm would
+      // give records the CPU cache does not, so the setting is refused instead of ignored.
+      if (p.turboquant.unbiased_norm) {
+        throw Unsupported(
+            "--kv-unbiased-norm is not implemented by the GPU caches; use --device cpu");
+      }
       if (fused && has_fused_turboquant(p)) {
         return std::make_shared<TQFusedDeviceFormat>(p.kv_heads, p.turboquant);
       }
