@@ -10,6 +10,29 @@
 #include "kernels/cuda/latent_attention.h"
 
 namespace turbokv::cuda {
+namespace {
+
+// Runs `attend(i0, n, len)` over groups of a prefill's queries small enough that their scores fit
+// a bounded workspace (64 Mi floats), growing `workspace` first. Query i0 + j of a group attends
+// the first len - n + 1 + j tokens: the group's queries are the last n of a cache cut after its
+// last query.
+template <typename Attend>
+void for_each_query_group(int n_q, int n_heads, int64_t size, DeviceBuffer<float>& workspace,
+                          cudaStream_t stream, const Attend& attend) {
+  constexpr int64_t kMaxWorkspace = int64_t(64) << 20;
+  const int group = int(std::clamp<int64_t>(kMaxWorkspace / (int64_t(n_heads) * size), 1, n_q));
+  const int64_t floats = latent_attention_workspace_floats(group, n_heads, size);
+  if (size_t(floats) > workspace.size()) {
+    TURBOKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+    workspace = DeviceBuffer<float>(size_t(floats));
+  }
+  for (int i0 = 0; i0 < n_q; i0 += group) {
+    const int n = std::min(group, n_q - i0);
+    attend(i0, n, size - (n_q - (i0 + n)));
+  }
+}
+
+}  // namespace
 
 DeviceLatentCache::DeviceLatentCache(int dim, DenseElem elem, cudaStream_t stream)
     : dim_(dim), dense_(elem), stream_(stream) {
@@ -69,22 +92,11 @@ void DeviceLatentCache::attend_device(const float* q, int n_q, int n_heads, floa
   if (n_q < 1 || n_q > size_) {
     throw InvalidArgument(str_cat("latent cache: ", n_q, " queries over ", size_, " tokens"));
   }
-  // Query groups small enough that their scores fit a bounded workspace (64 Mi floats).
-  constexpr int64_t kMaxWorkspace = int64_t(64) << 20;
-  const int group = int(std::clamp<int64_t>(kMaxWorkspace / (int64_t(n_heads) * size_), 1, n_q));
-  const int64_t floats = latent_attention_workspace_floats(group, n_heads, size_);
-  if (size_t(floats) > workspace_.size()) {
-    TURBOKV_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    workspace_ = DeviceBuffer<float>(size_t(floats));
-  }
-  for (int i0 = 0; i0 < n_q; i0 += group) {
-    const int n = std::min(group, n_q - i0);
-    // The group's queries are the last n of a cache cut after its last query.
-    const int64_t len = size_ - (n_q - (i0 + n));
+  for_each_query_group(n_q, n_heads, size_, workspace_, stream_, [&](int i0, int n, int64_t len) {
     const size_t at = size_t(i0) * n_heads * dim_;
     latent_attention(rows_.data(), elem_, len, dim_, q + at, n, n_heads, scale, workspace_.data(),
                      out + at, stream_);
-  }
+  });
 }
 
 void DeviceLatentCache::attend(const float* q, int n_q, const AttentionParams& params,
@@ -181,20 +193,11 @@ void DeviceWideKVCache::attend_device(const float* q, int n_q, int n_heads, floa
   if (n_q < 1 || n_q > size_) {
     throw InvalidArgument(str_cat("wide KV cache: ", n_q, " queries over ", size_, " tokens"));
   }
-  constexpr int64_t kMaxWorkspace = int64_t(64) << 20;
-  const int group = int(std::clamp<int64_t>(kMaxWorkspace / (int64_t(n_heads) * size_), 1, n_q));
-  const int64_t floats = latent_attention_workspace_floats(group, n_heads, size_);
-  if (size_t(floats) > workspace_.size()) {
-    TURBOKV_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    workspace_ = DeviceBuffer<float>(size_t(floats));
-  }
-  for (int i0 = 0; i0 < n_q; i0 += group) {
-    const int n = std::min(group, n_q - i0);
-    const int64_t len = size_ - (n_q - (i0 + n));
+  for_each_query_group(n_q, n_heads, size_, workspace_, stream_, [&](int i0, int n, int64_t len) {
     const size_t at = size_t(i0) * n_heads * dim_;
     contiguous_attention(keys_.data(), values_.data(), elem_, len, kv_heads_, dim_, q + at, n,
                          n_heads, scale, window_, workspace_.data(), out + at, stream_);
-  }
+  });
 }
 
 void DeviceWideKVCache::attend(const float* q, int n_q, const AttentionParams& params,
