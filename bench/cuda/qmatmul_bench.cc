@@ -9,7 +9,10 @@
 //   build/bench/cuda/qmatmul_bench [--m 1] [--reps 40] [--formats q4_0,q4_k,mlx4]
 //
 // formats: q8_0 q4_0 q5_0 q4_k q6_k mlx2 mlx4 mlx8 (MLX: group 64, bf16 scales), and
-// mlx4_int8: mlx4 through the int8-activation GEMV (quant_gemv_int8, --m 1 only).
+// mlx4_int8: mlx4 through the int8-activation GEMV (quant_gemv_int8, --m 1 only), once per
+// kernel shape (Int8GemvShape; the row names the shape, a * marks the one quant_matmul uses).
+// The other formats go through quant_matmul without a scratch, so at m = 1 mlx4 takes the
+// fp32 GEMV there (the int8 GEMV needs the scratch for the quantized x).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -215,7 +218,7 @@ int run(const Options& o) {
 
   std::map<std::string, double> model_us;  // format (or "bf16") -> summed over the model
   std::map<std::string, double> model_bytes;
-  std::printf("%-10s %-16s %10s %9s %10s %9s %8s\n", "matrix", "format", "us", "GB/s", "bf16 us",
+  std::printf("%-10s %-22s %10s %9s %10s %9s %8s\n", "matrix", "format", "us", "GB/s", "bf16 us",
               "GB/s", "ratio");
   for (const Shape& s : kShapes) {
     const size_t dense_bytes = size_t(s.rows * s.cols * 2);
@@ -239,38 +242,45 @@ int run(const Options& o) {
     dense.clear();
     model_us["bf16"] += dense_us * s.per_model;
     model_bytes["bf16"] += double(dense_bytes) * s.per_model;
-    for (const std::string& name : o.formats) {
-      const bool int8 = name == "mlx4_int8";
+    for (const std::string& format : o.formats) {
+      const bool int8 = format == "mlx4_int8";
       if (int8 && o.m != 1) continue;
-      const HostMatrix host = random_matrix(kFormats.at(int8 ? "mlx4" : name), s.rows, s.cols);
+      const HostMatrix host = random_matrix(kFormats.at(int8 ? "mlx4" : format), s.rows, s.cols);
       const size_t bytes = size_t(host.w.total_bytes());
       const int copies = copies_for(bytes);
       std::vector<DeviceQuantMatrix> weights;
       weights.push_back(upload_quant_matrix(host.w));
       for (int c = 1; c < copies; ++c) weights.push_back(upload_quant_matrix(host.w));
-      const double us = timer.per_call_us(
-          [&](int c) {
-            if (int8) {
-              quant_gemv_int8(weights[size_t(c)].view, x.data(), y.data(), int8_workspace.data(),
-                              stream);
-            } else {
-              quant_matmul(weights[size_t(c)], x.data(), o.m, y.data(), s.rows, no_scratch, blas,
-                           stream);
-            }
-          },
-          copies, o.reps);
-      model_us[name] += us * s.per_model;
-      model_bytes[name] += double(bytes) * s.per_model;
-      std::printf("%-10s %-16s %10.2f %9.0f %10.2f %9.0f %8.2f\n", s.name,
-                  (name + " x" + std::to_string(copies)).c_str(), us, bytes / us * 1e-3, dense_us,
-                  dense_bytes / dense_us * 1e-3, dense_us / us);
-      std::fflush(stdout);
+      for (int shape = 0; shape < (int8 ? kInt8GemvShapes : 1); ++shape) {
+        const auto kernel = Int8GemvShape(shape);
+        const std::string name =
+            int8 ? str_cat("int8/", int8_gemv_shape_name(kernel),
+                           kernel == int8_gemv_shape() ? "*" : "")
+                 : format;
+        const double us = timer.per_call_us(
+            [&](int c) {
+              if (int8) {
+                quant_gemv_int8(weights[size_t(c)].view, x.data(), y.data(),
+                                int8_workspace.data(), stream, kernel);
+              } else {
+                quant_matmul(weights[size_t(c)], x.data(), o.m, y.data(), s.rows, no_scratch,
+                             blas, stream);
+              }
+            },
+            copies, o.reps);
+        model_us[name] += us * s.per_model;
+        model_bytes[name] += double(bytes) * s.per_model;
+        std::printf("%-10s %-22s %10.2f %9.0f %10.2f %9.0f %8.2f\n", s.name,
+                    (name + " x" + std::to_string(copies)).c_str(), us, bytes / us * 1e-3,
+                    dense_us, dense_bytes / dense_us * 1e-3, dense_us / us);
+        std::fflush(stdout);
+      }
     }
   }
   std::printf("\nwhole model (32 layers + LM head), weight products only:\n");
-  std::printf("%-8s %10s %9s %9s %8s\n", "format", "ms", "GB", "GB/s", "vs bf16");
+  std::printf("%-22s %10s %9s %9s %8s\n", "format", "ms", "GB", "GB/s", "vs bf16");
   for (const auto& [name, us] : model_us) {
-    std::printf("%-8s %10.3f %9.2f %9.0f %8.2f\n", name.c_str(), us * 1e-3,
+    std::printf("%-22s %10.3f %9.2f %9.0f %8.2f\n", name.c_str(), us * 1e-3,
                 model_bytes[name] * 1e-9, model_bytes[name] / us * 1e-3, model_us["bf16"] / us);
   }
   cublasDestroy(blas);

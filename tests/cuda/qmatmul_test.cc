@@ -184,6 +184,20 @@ std::vector<float> run_product(const QuantWeightsView& w, const DeviceBuffer<flo
   return y.download();
 }
 
+// x as the int8 GEMV sees it: the CPU's int8 activation blocks (quantize_activations in MLX
+// nibble order), dequantized back to natural order.
+std::vector<float> int8_rounded(const std::vector<float>& x) {
+  const auto cols = int64_t(x.size());
+  const ActivationBlocks blocks = quantize_activations(x.data(), 1, cols, true);
+  std::vector<float> out(x.size());
+  for (int64_t k = 0; k < cols; ++k) {
+    const int64_t base = k & ~int64_t(31), j = k & 31;
+    const int64_t natural = base + (j < 16 ? 2 * j : 2 * (j - 16) + 1);
+    out[size_t(natural)] = blocks.d[size_t(k / 32)] * float(blocks.q[size_t(k)]);
+  }
+  return out;
+}
+
 class QuantMatmulTest : public testing::CudaTest,
                         public ::testing::WithParamInterface<FormatCase> {};
 
@@ -204,7 +218,11 @@ TEST_P(QuantMatmulTest, ProductsMatchReference) {
       const DeviceBuffer<float> x_device = DeviceBuffer<float>::upload(x);
       const std::vector<float> got = run_product(device.view, x_device, m, scratch, blas);
       const std::string what = str_cat(describe(f, s), " m=", m);
-      if (m <= kQuantGemvMaxRows) {
+      if (m == 1 && gpu_int8_activations_enabled() && !gpu_f32_reference_mode() &&
+          quant_gemv_int8_supported(device.view)) {
+        check_outputs(what + " (int8 GEMV)", got, m, s.rows,
+                      reference_product(w, int8_rounded(x), m, s.rows, s.cols, 1e-5));
+      } else if (m <= kQuantGemvMaxRows) {
         check_outputs(what + " (GEMV)", got, m, s.rows,
                       reference_product(w, x, m, s.rows, s.cols, 1e-5));
       } else {
@@ -397,7 +415,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, QuantMatmulTest, ::testing::ValuesIn(kFormats)
                          });
 
 // Bad arguments are rejected before any device work (fake, aligned device pointers).
-// The opt-in int8-activation GEMV of MLX 4-bit weights: against the double-sum product of the
+// The int8-activation GEMV of MLX 4-bit weights, every kernel shape: against the double-sum product of the
 // reference dequantized weights with the CPU's int8 activation blocks (quantize_activations in
 // MLX nibble order, dequantized back to natural order), so the GPU must quantize x to the same
 // codes: within 1e-5 of Σ|w·x| per output, guards untouched.
@@ -413,22 +431,21 @@ TEST_F(QuantGemvInt8Test, MatchesReferenceOnCpuInt8Blocks) {
       const DeviceQuantMatrix device = upload_quant_matrix(host.w);
       ASSERT_TRUE(quant_gemv_int8_supported(device.view));
       const std::vector<float> x = turbokv::testing::random_normal(size_t(s.cols), seed++);
-      const ActivationBlocks blocks = quantize_activations(x.data(), 1, s.cols, true);
-      std::vector<float> x_int8(x.size());
-      for (int64_t k = 0; k < s.cols; ++k) {
-        const int64_t base = k & ~int64_t(31), j = k & 31;
-        const int64_t natural = base + (j < 16 ? 2 * j : 2 * (j - 16) + 1);
-        x_int8[size_t(natural)] = blocks.d[size_t(k / 32)] * float(blocks.q[size_t(k)]);
-      }
+      const std::vector<float> x_int8 = int8_rounded(x);
       const DeviceBuffer<float> x_device = DeviceBuffer<float>::upload(x);
       DeviceBuffer<uint8_t> workspace(size_t(quant_gemv_int8_workspace_bytes(s.cols)));
-      DeviceBuffer<float> y = DeviceBuffer<float>::upload(std::vector<float>(
-          size_t(kGuardFloats + s.rows + kGuardFloats), bits_float(kGuardBits)));
-      quant_gemv_int8(device.view, x_device.data(), y.data() + kGuardFloats, workspace.data(),
-                      blas.stream);
-      TURBOKV_CUDA_CHECK(cudaStreamSynchronize(blas.stream));
-      check_outputs(describe(f, s) + " (int8 GEMV)", y.download(), 1, s.rows,
-                    reference_product(dequantized(host.w), x_int8, 1, s.rows, s.cols, 1e-5));
+      const Reference want =
+          reference_product(dequantized(host.w), x_int8, 1, s.rows, s.cols, 1e-5);
+      for (int shape = 0; shape < kInt8GemvShapes; ++shape) {
+        DeviceBuffer<float> y = DeviceBuffer<float>::upload(std::vector<float>(
+            size_t(kGuardFloats + s.rows + kGuardFloats), bits_float(kGuardBits)));
+        quant_gemv_int8(device.view, x_device.data(), y.data() + kGuardFloats, workspace.data(),
+                        blas.stream, Int8GemvShape(shape));
+        TURBOKV_CUDA_CHECK(cudaStreamSynchronize(blas.stream));
+        check_outputs(describe(f, s) + " (int8 GEMV, " +
+                          int8_gemv_shape_name(Int8GemvShape(shape)) + ")",
+                      y.download(), 1, s.rows, want);
+      }
     }
   }
 }

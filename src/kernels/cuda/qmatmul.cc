@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/cpu/matmul.h"
@@ -216,7 +217,8 @@ void quant_matmul(const QuantWeightsView& w, const float* x, int64_t m, float* y
       quant_gemv_int8_supported(w) &&
       scratch.max_m() >= 1 &&
       2 * scratch.max_m() * scratch.max_cols() >= quant_gemv_int8_workspace_bytes(w.cols)) {
-    qmm::launch_gemv_affine4_int8(wa, x, y, reinterpret_cast<uint8_t*>(scratch.x_bf16()), stream);
+    qmm::launch_gemv_affine4_int8(wa, x, y, reinterpret_cast<uint8_t*>(scratch.x_bf16()),
+                                  int8_gemv_shape(), stream);
     return;
   }
   if (m <= kQuantGemvMaxRows || gpu_f32_reference_mode()) {
@@ -291,12 +293,53 @@ bool gpu_f32_reference_mode() {
   return enabled;
 }
 
+size_t upload_dense_parts(std::initializer_list<const WeightMatrix*> parts, bool widen,
+                          uint8_t* dst) {
+  size_t offset = 0;
+  std::vector<float> wide;
+  for (const WeightMatrix* p : parts) {
+    if (p->rows == 0) continue;
+    const void* src = p->data;
+    size_t bytes = size_t(p->rows) * size_t(p->cols) * dtype_size(p->dtype);
+    if (widen && p->dtype != DType::F32) {
+      wide.resize(size_t(p->rows) * size_t(p->cols));
+      dequantize_rows_ref(*p, 0, p->rows, wide.data());
+      src = wide.data();
+      bytes = wide.size() * sizeof(float);
+    }
+    TURBOKV_CUDA_CHECK(cudaMemcpy(dst + offset, src, bytes, cudaMemcpyHostToDevice));
+    offset += bytes;
+  }
+  return offset;
+}
+
 bool gpu_int8_activations_enabled() {
   static const bool enabled = [] {
     const char* v = std::getenv("TURBOKV_GPU_INT8_ACTIVATIONS");
-    return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
+    return v == nullptr || std::strcmp(v, "0") != 0;
   }();
   return enabled;
+}
+
+const char* int8_gemv_shape_name(Int8GemvShape shape) {
+  switch (shape) {
+    case Int8GemvShape::kUnits4: return "units4";
+    case Int8GemvShape::kUnits2Blocks3: return "units2_blocks3";
+  }
+  return "?";
+}
+
+Int8GemvShape int8_gemv_shape() {
+  static const Int8GemvShape shape = [] {
+    const char* v = std::getenv("TURBOKV_GPU_INT8_GEMV_SHAPE");
+    if (v == nullptr || v[0] == '\0') return Int8GemvShape::kUnits4;
+    if (v[1] != '\0' || v[0] < '0' || v[0] >= char('0' + kInt8GemvShapes)) {
+      throw InvalidArgument(str_cat("TURBOKV_GPU_INT8_GEMV_SHAPE=", v, ": expected 0 to ",
+                                    kInt8GemvShapes - 1));
+    }
+    return Int8GemvShape(v[0] - '0');
+  }();
+  return shape;
 }
 
 bool quant_gemv_int8_supported(const QuantWeightsView& w) {
@@ -309,8 +352,12 @@ int64_t quant_gemv_int8_workspace_bytes(int64_t cols) {
 }
 
 void quant_gemv_int8(const QuantWeightsView& w, const float* x, float* y, void* workspace,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, Int8GemvShape shape) {
   check_view(w, "quant_gemv_int8");
+  if (int(shape) < 0 || int(shape) >= kInt8GemvShapes) {
+    throw InvalidArgument(str_cat("quant_gemv_int8: kernel shape ", int(shape), " (0 to ",
+                                  kInt8GemvShapes - 1, ")"));
+  }
   if (!quant_gemv_int8_supported(w)) {
     throw InvalidArgument(str_cat("quant_gemv_int8: ", weight_format_name(w.format), " with ",
                                   w.bits, " bits: only MLX 4-bit weights have an int8 GEMV"));
@@ -321,7 +368,8 @@ void quant_gemv_int8(const QuantWeightsView& w, const float* x, float* y, void* 
     throw InvalidArgument("quant_gemv_int8: x and workspace must be 16-byte aligned device "
                           "pointers, y non-null");
   }
-  qmm::launch_gemv_affine4_int8(weight_args(w), x, y, static_cast<uint8_t*>(workspace), stream);
+  qmm::launch_gemv_affine4_int8(weight_args(w), x, y, static_cast<uint8_t*>(workspace), shape,
+                                stream);
 }
 
 void dequantize_to_bf16(const QuantWeightsView& w, int64_t row_begin, int64_t rows,

@@ -108,16 +108,29 @@ inline void quant_matmul(const DeviceQuantMatrix& w, const float* x, int64_t m, 
   quant_matmul(w.view, x, m, y, ldy, scratch, blas, stream);
 }
 
-// The int8-activation decode GEMV (opt-in: TURBOKV_GPU_INT8_ACTIVATIONS=1 makes quant_matmul
-// use it for m = 1 on MLX 4-bit weights when the scratch has room, else the fp32 GEMV runs):
+// The int8-activation decode GEMV (quant_matmul uses it for m = 1 on MLX 4-bit weights when
+// the scratch has room, unless TURBOKV_GPU_INT8_ACTIVATIONS=0 or the reference mode below):
 // x is quantized per block of 32 as the CPU's quantize_activations does (d = max|x| / 127,
 // q = rint(x / d)) and the codes meet it in dp4a integer dot products, ~1 issue slot per
 // weight instead of ~3.5. y [w.rows] = the product, as qmatmul_rows_ref of those blocks up to
 // fp32 rounding. workspace: quant_gemv_int8_workspace_bytes(w.cols) bytes, 16-byte aligned.
+// The kernel comes in shapes that trade registers for warps in flight (units of 32 values per
+// pass, the blocks per SM it is compiled for); all give the same sums. quant_matmul takes
+// kUnits4 unless TURBOKV_GPU_INT8_GEMV_SHAPE names another (0-1, in the order below:
+// a benchmarking switch; bench/cuda/qmatmul_bench times every shape).
+enum class Int8GemvShape : int { kUnits4, kUnits2Blocks3 };
+constexpr int kInt8GemvShapes = 2;
+const char* int8_gemv_shape_name(Int8GemvShape shape);
+Int8GemvShape int8_gemv_shape();  // the shape quant_matmul uses
 bool gpu_int8_activations_enabled();
 // TURBOKV_F32_ACTIVATIONS=1 (the CPU kernels' reference mode too): every quant_matmul runs the
 // fp32 GEMV (quant_matmul_gemv), whatever m, and the int8 GEMV is not used.
 bool gpu_f32_reference_mode();
+// Copies rows of the dense parts (one dtype, same cols) one after another to dst: as stored,
+// or widened to fp32 when widen (the reference mode's dense weights, so that every product
+// takes fp32 activations too). Returns the bytes written.
+size_t upload_dense_parts(std::initializer_list<const WeightMatrix*> parts, bool widen,
+                          uint8_t* dst);
 // The fp32 GEMV for any m (kQuantGemvMaxRows rows of x per pass, the weights read once per
 // pass): y [m, w.rows] (row stride ldy) as quant_matmul's m <= kQuantGemvMaxRows path.
 void quant_matmul_gemv(const QuantWeightsView& w, const float* x, int64_t m, float* y,
@@ -125,7 +138,7 @@ void quant_matmul_gemv(const QuantWeightsView& w, const float* x, int64_t m, flo
 bool quant_gemv_int8_supported(const QuantWeightsView& w);
 int64_t quant_gemv_int8_workspace_bytes(int64_t cols);
 void quant_gemv_int8(const QuantWeightsView& w, const float* x, float* y, void* workspace,
-                     cudaStream_t stream);
+                     cudaStream_t stream, Int8GemvShape shape = int8_gemv_shape());
 
 // out [n, w.cols] fp32 = scale * dequant(w)[ids[i], :] for i < n, an embedding lookup equal to
 // gather_rows_ref. ids [n] on the device, checked by the caller (check_gather_rows): the row

@@ -87,15 +87,13 @@ DeviceMatrix upload_rows(std::initializer_list<const WeightMatrix*> parts, size_
   for (const WeightMatrix* p : parts) {
     if (p->dtype != first.dtype) throw Unsupported("--device cuda: fused projections of mixed dtypes");
   }
+  // The reference mode holds dense weights in fp32, so their products take fp32 activations.
+  const bool widen = gpu_f32_reference_mode();
   m.elem = elem_of(first.dtype);
+  if (widen) m.elem = Elem::kF32;
   const size_t row_bytes = size_t(m.cols) * elem_bytes(m.elem);
   m.data = DeviceBuffer<uint8_t>(size_t(m.rows) * row_bytes);
-  size_t offset = 0;
-  for (const WeightMatrix* p : parts) {
-    TURBOKV_CUDA_CHECK(cudaMemcpy(m.data.data() + offset, p->data, size_t(p->rows) * row_bytes,
-                                  cudaMemcpyHostToDevice));
-    offset += size_t(p->rows) * row_bytes;
-  }
+  upload_dense_parts(parts, widen, m.data.data());
   *total += m.data.bytes();
   return m;
 }
@@ -582,6 +580,25 @@ CudaDecoderModel::CudaDecoderModel(std::unique_ptr<DecoderModel> host,
 
 CudaDecoderModel::~CudaDecoderModel() {
   caches_.reset();  // before the stream goes
+}
+
+bool CudaDecoderModel::f32_activations() { return gpu_f32_reference_mode(); }
+
+bool CudaDecoderModel::decode_uses_int8() const {
+  if (!gpu_int8_activations_enabled() || gpu_f32_reference_mode()) return false;
+  // quant_matmul takes the int8 GEMV for one row of x on the matrices it supports: MLX
+  // 4-bit, the layout whose integer kernels read x in nibble order.
+  auto int8 = [](const WeightMatrix& w) { return uses_nibble_order(w); };
+  auto mlp = [&](const MlpWeights& m) { return int8(m.gate) || int8(m.up) || int8(m.down); };
+  if (int8(host_->lm_head())) return true;
+  for (const LayerWeights& L : host_->layers()) {
+    if (int8(L.q) || int8(L.k) || int8(L.v) || int8(L.o) || mlp(L.mlp)) return true;
+    if (L.moe && (std::any_of(L.moe->experts.begin(), L.moe->experts.end(), mlp) ||
+                  (L.moe->shared_expert && mlp(*L.moe->shared_expert)))) {
+      return true;
+    }
+  }
+  return false;
 }
 
 size_t CudaDecoderModel::kv_bytes_for(const ResolvedKV& kv, int64_t tokens) const {

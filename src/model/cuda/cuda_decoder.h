@@ -58,6 +58,12 @@ class CudaDecoderModel final : public Model {
   // admission. Throws what make_caches throws for a setting the GPU cannot hold.
   size_t kv_bytes_for(const ResolvedKV& kv, int64_t tokens) const;
   const DecoderModel& host() const { return *host_; }
+  // Whether a decode step multiplies any weights on int8 activations (MLX 4-bit products,
+  // kernels/cuda/qmatmul.h) rather than fp32 ones.
+  bool decode_uses_int8() const;
+  // Whether every product takes fp32 activations (TURBOKV_F32_ACTIVATIONS=1, the reference
+  // mode: dense weights held in fp32, quantized ones through the fp32 GEMV).
+  static bool f32_activations();
   size_t weight_bytes() const { return weight_bytes_; }
 
  private:

@@ -15,6 +15,7 @@
 #include "kernels/cuda/hybrid_ops.h"
 #include "kernels/cuda/linear_attention.h"
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/qmatmul.h"
 #include "kv/recurrent_state.h"
 #include "model/cuda/device_latent_cache.h"
 #include "model/cuda/device_recurrent_state.h"
@@ -71,16 +72,12 @@ DenseMatrix upload(std::initializer_list<const WeightMatrix*> parts, size_t* tot
     }
     m.rows += p->rows;
   }
+  const bool widen = gpu_f32_reference_mode();  // fp32 weights, fp32 activations
   m.elem = elem_of(first.dtype, "dense");
+  if (widen) m.elem = Elem::kF32;
   const size_t row_bytes = size_t(m.cols) * elem_bytes(m.elem);
   m.data = DeviceBuffer<uint8_t>(size_t(m.rows) * row_bytes);
-  size_t offset = 0;
-  for (const WeightMatrix* p : parts) {
-    if (p->rows == 0) continue;
-    TURBOKV_CUDA_CHECK(cudaMemcpy(m.data.data() + offset, p->data, size_t(p->rows) * row_bytes,
-                                  cudaMemcpyHostToDevice));
-    offset += size_t(p->rows) * row_bytes;
-  }
+  upload_dense_parts(parts, widen, m.data.data());
   *total += m.data.bytes();
   return m;
 }

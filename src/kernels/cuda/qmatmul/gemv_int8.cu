@@ -1,4 +1,4 @@
-// The decode GEMV of MLX 4-bit weights on int8 activations (m = 1), opt-in (qmatmul.h).
+// The decode GEMV of MLX 4-bit weights on int8 activations (m = 1, qmatmul.h).
 //
 // Why: the fp32 GEMV (gemv.cuh) spends ~3.5 issue slots per weight (unpack to float, FFMA),
 // about what the SMs have per weight at HBM speed, so it runs well below the memory rate. Here
@@ -11,20 +11,29 @@
 // workspace. Σ (s·q + b)·x over a 32-block = s·d·Σ q·qx + b·(d·Σ qx).
 //
 // GEMV: blocks of 8 warps, 2 rows per warp; lane l takes 32-value units l, l + 32, ... of both
-// rows, 4 units per pass with all loads issued first (codes 16 B per unit and row, the
-// activation bytes 32 B per unit from L1/L2, shared by the two rows).
+// rows, Units units per pass with all loads issued first (codes 16 B per unit and row, the
+// activation bytes 32 B per unit from L1/L2, shared by the two rows). The shapes differ in
+// registers, so in how many warps an SM keeps loading at once (Int8GemvShape): 4 units take
+// 128 registers, two blocks per SM; 2 units bound to three blocks per SM take 80 (ptxas -v,
+// no spills; bound to four blocks they spill).
+//
+// Both kernels are launched with programmatic dependent launch (launch.h): the GEMV's first
+// weight loads are issued before it waits for the quantization of x, so that kernel and the
+// launch gaps around it overlap the weight stream instead of preceding it.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/qmatmul.h"
 #include "kernels/cuda/qmatmul/params.h"
 
 namespace turbokv::cuda::qmm {
 namespace {
 
-constexpr int kWarps = 8, kRowsPerWarp = 2, kUnits = 4;
+constexpr int kWarps = 8, kRowsPerWarp = 2;
 
 __device__ __forceinline__ float scale_value(uint32_t bits, bool bf16) {
   return bf16 ? __uint_as_float(bits << 16)
@@ -35,6 +44,8 @@ __device__ __forceinline__ float scale_value(uint32_t bits, bool bf16) {
 __global__ void quantize_kernel(const float* __restrict__ x, int64_t blocks,
                                 int8_t* __restrict__ xq, float* __restrict__ xd,
                                 float* __restrict__ xs) {
+  pdl_wait();
+  pdl_release();
   const int64_t block = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (block >= blocks) return;
   const int lane = threadIdx.x % 32;
@@ -56,18 +67,30 @@ __global__ void quantize_kernel(const float* __restrict__ x, int64_t blocks,
   }
 }
 
-__global__ void __launch_bounds__(kWarps * 32) gemv_affine4_kernel(const WeightArgs w,
-                                                                   const int8_t* __restrict__ xq,
-                                                                   const float* __restrict__ xd,
-                                                                   const float* __restrict__ xs,
-                                                                   float* __restrict__ y) {
+template <int kUnits, int kMinBlocks>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks)
+    gemv_affine4_kernel(const WeightArgs w, const int8_t* __restrict__ xq,
+                        const float* __restrict__ xd, const float* __restrict__ xs,
+                        float* __restrict__ y) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row0 = (int64_t(blockIdx.x) * kWarps + warp) * kRowsPerWarp;
-  if (row0 >= w.rows) return;
+  if (row0 >= w.rows) {
+    pdl_wait();
+    return;
+  }
   int64_t row[kRowsPerWarp];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) row[r] = min(row0 + r, w.rows - 1);
   const int64_t units = w.cols / 32;
+  const uint4* codes_row[kRowsPerWarp];
+  const unsigned short* scales_row[kRowsPerWarp];
+  const unsigned short* biases_row[kRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    codes_row[r] = reinterpret_cast<const uint4*>(w.data + row[r] * w.row_bytes);
+    scales_row[r] = reinterpret_cast<const unsigned short*>(w.scales) + row[r] * w.groups;
+    biases_row[r] = reinterpret_cast<const unsigned short*>(w.biases) + row[r] * w.groups;
+  }
   float acc[kRowsPerWarp] = {};
   for (int64_t u0 = lane; u0 < units; u0 += 32 * kUnits) {
     uint4 codes[kUnits][kRowsPerWarp];
@@ -80,11 +103,19 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_affine4_kernel(const WeightA
       if (u < units) {
 #pragma unroll
         for (int r = 0; r < kRowsPerWarp; ++r) {
-          codes[j][r] = __ldg(reinterpret_cast<const uint4*>(w.data + row[r] * w.row_bytes) + u);
-          const int64_t g = row[r] * w.groups + (u >> w.group_shift);
-          s[j][r] = __ldg(reinterpret_cast<const unsigned short*>(w.scales) + g);
-          b[j][r] = __ldg(reinterpret_cast<const unsigned short*>(w.biases) + g);
+          codes[j][r] = __ldg(codes_row[r] + u);
+          s[j][r] = __ldg(scales_row[r] + (u >> w.group_shift));
+          b[j][r] = __ldg(biases_row[r] + (u >> w.group_shift));
         }
+      }
+    }
+    // The weights are never written by a kernel, so their loads may start before the
+    // kernels this one depends on (the quantization of x) have finished.
+    pdl_wait();
+#pragma unroll
+    for (int j = 0; j < kUnits; ++j) {
+      const int64_t u = u0 + 32 * j;
+      if (u < units) {
         const uint4* xp = reinterpret_cast<const uint4*>(xq + 32 * u);
         xa[j] = __ldg(xp);
         xb[j] = __ldg(xp + 1);
@@ -113,6 +144,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_affine4_kernel(const WeightA
       }
     }
   }
+  pdl_wait();  // lanes without a unit of their own still write y below
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     float v = acc[r];
@@ -120,6 +152,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_affine4_kernel(const WeightA
     for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
     if (lane == 0 && row0 + r < w.rows) y[row0 + r] = v;
   }
+  pdl_release();
 }
 
 }  // namespace
@@ -129,17 +162,20 @@ int64_t gemv_int8_workspace_bytes(int64_t cols) {
 }
 
 void launch_gemv_affine4_int8(const WeightArgs& w, const float* x, float* y, uint8_t* workspace,
-                              cudaStream_t stream) {
+                              Int8GemvShape shape, cudaStream_t stream) {
   const int64_t blocks = w.cols / 32;
   int8_t* xq = reinterpret_cast<int8_t*>(workspace);
   float* xd = reinterpret_cast<float*>(workspace + (w.cols + 15) / 16 * 16);
   float* xs = xd + blocks;
-  quantize_kernel<<<unsigned((blocks + kWarps - 1) / kWarps), kWarps * 32, 0, stream>>>(
-      x, blocks, xq, xd, xs);
-  TURBOKV_CUDA_CHECK_LAUNCH();
+  launch_pdl(quantize_kernel, dim3(unsigned((blocks + kWarps - 1) / kWarps)), dim3(kWarps * 32),
+             0, stream, x, blocks, xq, xd, xs);
   const int64_t grid = (w.rows + kWarps * kRowsPerWarp - 1) / (kWarps * kRowsPerWarp);
-  gemv_affine4_kernel<<<unsigned(grid), kWarps * 32, 0, stream>>>(w, xq, xd, xs, y);
-  TURBOKV_CUDA_CHECK_LAUNCH();
+  using Kernel = void (*)(const WeightArgs, const int8_t*, const float*, const float*, float*);
+  Kernel kernel = gemv_affine4_kernel<4, 2>;
+  if (shape == Int8GemvShape::kUnits2Blocks3) kernel = gemv_affine4_kernel<2, 3>;
+  launch_pdl(kernel, dim3(unsigned(grid)), dim3(kWarps * 32), 0, stream, w,
+             static_cast<const int8_t*>(xq), static_cast<const float*>(xd),
+             static_cast<const float*>(xs), y);
 }
 
 }  // namespace turbokv::cuda::qmm

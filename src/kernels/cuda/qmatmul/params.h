@@ -8,6 +8,10 @@
 
 #include <cstdint>
 
+namespace turbokv::cuda {
+enum class Int8GemvShape : int;  // qmatmul.h
+}  // namespace turbokv::cuda
+
 namespace turbokv::cuda::qmm {
 
 // The kernels' formats: WeightFormat with MLX affine split by bits.
@@ -49,9 +53,10 @@ void launch_gemv_affine(Kind kind, const GemvArgs& args, cudaStream_t stream);
 
 // MLX 4-bit, m = 1, on int8 activations (gemv_int8.cu): workspace (16-byte aligned) of
 // gemv_int8_workspace_bytes(cols) holds the quantized x; y [rows].
+// shape: the kernel variant (qmatmul.h).
 int64_t gemv_int8_workspace_bytes(int64_t cols);
 void launch_gemv_affine4_int8(const WeightArgs& w, const float* x, float* y, uint8_t* workspace,
-                              cudaStream_t stream);
+                              Int8GemvShape shape, cudaStream_t stream);
 
 // out [rows, cols] = rows [row_begin, row_begin + rows) of w as bf16 (dequant.cu).
 void launch_dequant(Kind kind, const WeightArgs& w, int64_t row_begin, int64_t rows,
