@@ -481,15 +481,16 @@ test('a client that hangs up cancels its request, plain or streamed; metrics go 
   const long = { ...completionParams, max_tokens: 512, logit_bias: { [EOS]: -100 } };
   for (const stream of [false, true]) {
     const before = await metrics(url);
-    const controller = new AbortController();
-    const aborted = fetch(`${url}/v1/completions`, {
-      method: 'POST', headers: { 'Content-Type': 'application/json' },
-      body: JSON.stringify({ ...long, stream }), signal: controller.signal,
-    }).then((r) => r.text()).catch(() => 'aborted');
+    // A raw socket closed by the client (fetch's abort can leave a body promise pending
+    // forever, nodejs/undici#4089).
+    const socket = await rawConnection(url);
+    const body = JSON.stringify({ ...long, stream });
+    socket.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
+                 `Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
     await metricsReach(url, (m) => m.turbokv_generated_tokens_total >= before.turbokv_generated_tokens_total + 5,
                        30000, 'generation started');
-    controller.abort();
-    await aborted;
+    socket.destroy();
+    await socket.ended;
     const after = await metricsReach(
       url, (m) => m.turbokv_active_sequences === 0 && m.turbokv_kv_bytes === 0, 3000,
       `stream=${stream}: cancelled`);

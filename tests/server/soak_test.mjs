@@ -117,10 +117,34 @@ const UNPREFIXED = [...GOOD];
 GOOD.push(...PREFIXED);
 
 // Connection: close, so that no idle keep-alive connection is left when the soak ends.
-function post(url, path, body, init = {}) {
+function post(url, path, body) {
   return fetch(`${url}${path}`, {
     method: 'POST', headers: { 'Content-Type': 'application/json', Connection: 'close' },
-    body: typeof body === 'string' ? body : JSON.stringify(body), ...init });
+    body: typeof body === 'string' ? body : JSON.stringify(body) });
+}
+
+// A request the client drops: it closes the socket once `chunks` pieces of the answer have
+// arrived (a stream aborted mid-way) or after `ms` milliseconds (a plain request abandoned),
+// as a client that goes away does. A raw socket, because fetch's abort can leave the body's
+// promise pending forever (nodejs/undici#4089), which hangs the soak instead of testing it.
+function dropped(url, path, body, { chunks = Infinity, ms = Infinity }) {
+  const { hostname, port } = new URL(url);
+  const payload = JSON.stringify(body);
+  return new Promise((resolve) => {
+    const s = net.connect(Number(port), hostname, () => {
+      s.write(`POST ${path} HTTP/1.1\r\nHost: ${hostname}:${port}\r\n` +
+              `Content-Type: application/json\r\nContent-Length: ${Buffer.byteLength(payload)}` +
+              `\r\nConnection: close\r\n\r\n${payload}`);
+    });
+    let seen = 0;
+    const timer = Number.isFinite(ms) ? setTimeout(() => s.destroy(), ms) : null;
+    s.on('data', () => { if (++seen >= chunks) s.destroy(); });
+    s.on('error', () => {});
+    s.on('close', () => {
+      if (timer) clearTimeout(timer);
+      resolve();
+    });
+  });
 }
 
 // The text of a good request, plain or streamed.
@@ -156,33 +180,28 @@ const BAD = [
   ['/v1/completions', { prompt: 'y'.repeat(MAX_BODY * 2) }, 413],
 ];
 
+// What the test is waiting for, printed by the watchdog if it never comes.
+const progress = { phase: 'starting the server', clients: [] };
+
 async function client(url, id, deadline, counts, solo) {
   const random = rng(1000 + id);
+  const doing = (what) => { progress.clients[id] = what; };
   while (Date.now() < deadline) {
     const r = random();
     const pool = random() < 0.4 ? PREFIXED : UNPREFIXED;  // two in five share the long prefix
     const req = pool[Math.floor(random() * pool.length)];
+    doing(`action ${r.toFixed(3)} on ${req.path} ${JSON.stringify(req.body).slice(0, 60)}`);
     if (r < 0.45) {  // a good request, plain or streamed
       const stream = random() < 0.5;
       const text = await goodText(url, req, stream);
       assert.equal(text, solo.get(req), `${JSON.stringify(req.body)} stream=${stream}`);
       counts.good += 1;
     } else if (r < 0.6) {  // a stream aborted after a few events
-      const controller = new AbortController();
-      const res = await post(url, req.path, { ...req.body, stream: true, max_tokens: 64 },
-                             { signal: controller.signal });
-      const reader = res.body.getReader();
-      for (let i = 0; i < 1 + Math.floor(random() * 4); ++i) await reader.read();
-      controller.abort();
-      await reader.cancel().catch(() => {});
+      await dropped(url, req.path, { ...req.body, stream: true, max_tokens: 64 },
+                    { chunks: 1 + Math.floor(random() * 4) });
       counts.streamAborts += 1;
     } else if (r < 0.72) {  // a plain request abandoned before its answer
-      const controller = new AbortController();
-      const pending = post(url, req.path, { ...req.body, max_tokens: 64 },
-                           { signal: controller.signal }).then((x) => x.text()).catch(() => null);
-      await sleep(20 + random() * 200);
-      controller.abort();
-      await pending;
+      await dropped(url, req.path, { ...req.body, max_tokens: 64 }, { ms: 20 + random() * 200 });
       counts.plainAborts += 1;
     } else if (r < 0.95) {  // a bad request
       const [path, body, status] = BAD[Math.floor(random() * BAD.length)];
@@ -204,14 +223,25 @@ async function client(url, id, deadline, counts, solo) {
       counts.garbage += 1;
     }
   }
+  doing('done');
 }
 
 async function main() {
   const t0 = Date.now();
+  // Watchdog: a hung request or socket fails the test with what it was waiting for, instead
+  // of running into the harness's timeout without a word.
+  setTimeout(() => {
+    const pending = progress.clients.map((what, i) => `client ${i}: ${what}`)
+                                   .filter((line) => !line.endsWith(': done'));
+    console.error(`soak: stuck while ${progress.phase} (${((Date.now() - t0) / 1000).toFixed(0)} s)` +
+                  (pending.length ? `; ${pending.join('; ')}` : ''));
+    process.exit(1);
+  }, (LOAD_SECONDS + 150) * 1000).unref();
   const { child, url } = await startServer();
   const pid = child.pid;
   const exited = new Promise((resolve) => child.on('exit', resolve));
   try {
+    progress.phase = 'making the solo runs';
     // Solo runs: the expected text of every good request (both forms must agree).
     const solo = new Map();
     for (const req of GOOD) {
@@ -220,15 +250,18 @@ async function main() {
       solo.set(req, plain);
     }
     const rssBefore = rssKiB(pid);
+    progress.phase = 'counting the idle file descriptors';
     const fdsBefore = await settledFds(pid);
 
     const hitsBefore = (await metrics(url)).turbokv_prefix_cache_hits_total;
     const counts = { good: 0, streamAborts: 0, plainAborts: 0, bad: 0, garbage: 0 };
+    progress.phase = 'running the load';
     const loadStart = Date.now();
     const deadline = loadStart + LOAD_SECONDS * 1000;
     await Promise.all(Array.from({ length: CLIENTS }, (_, i) => client(url, i, deadline, counts, solo)));
     const loadSeconds = (Date.now() - loadStart) / 1000;
 
+    progress.phase = 'waiting for /metrics to be idle';
     // Back to idle: no sequence, no queue, no KV bytes.
     let m;
     for (let i = 0; i < 100; ++i) {
@@ -242,6 +275,7 @@ async function main() {
     assert.equal(m.turbokv_kv_bytes, 0, 'KV bytes after the soak');
     const prefixHits = m.turbokv_prefix_cache_hits_total - hitsBefore;
     assert.ok(prefixHits >= 10, `${prefixHits} prefix cache hits during the soak`);
+    progress.phase = 'waiting for the connections to close';
     // Every connection closes after its response (the garbage ones within the request timeout).
     let fds = openFds(pid);
     for (let i = 0; i < 80 && fds > fdsBefore; ++i) {
@@ -253,6 +287,7 @@ async function main() {
     // The allocator keeps some freed memory; a leak grows with the number of requests.
     assert.ok(rssAfter < rssBefore + 96 * 1024,
               `RSS ${rssBefore} KiB before, ${rssAfter} KiB after`);
+    progress.phase = 'checking a request after the soak';
     // Still serving exactly as before.
     assert.equal(await goodText(url, GOOD[0], false), solo.get(GOOD[0]));
 
@@ -268,6 +303,7 @@ async function main() {
                 `after; open fds ${fdsBefore} before, ${fds} after; ` +
                 `${((Date.now() - t0) / 1000).toFixed(1)} s in all`);
   } finally {
+    progress.phase = 'waiting for the server to exit on SIGTERM';
     child.kill('SIGTERM');
   }
   const code = await exited;
