@@ -218,8 +218,7 @@ TEST_P(QuantMatmulTest, ProductsMatchReference) {
       const DeviceBuffer<float> x_device = DeviceBuffer<float>::upload(x);
       const std::vector<float> got = run_product(device.view, x_device, m, scratch, blas);
       const std::string what = str_cat(describe(f, s), " m=", m);
-      if (m == 1 && gpu_int8_activations_enabled() && !gpu_f32_reference_mode() &&
-          quant_gemv_int8_supported(device.view)) {
+      if (m == 1 && gpu_int8_activations_enabled() && quant_gemv_int8_supported(device.view)) {
         check_outputs(what + " (int8 GEMV)", got, m, s.rows,
                       reference_product(w, int8_rounded(x), m, s.rows, s.cols, 1e-5));
       } else if (m <= kQuantGemvMaxRows) {

@@ -82,5 +82,8 @@ void qmatmul_rows_ref(const ActivationBlocks& x, const WeightMatrix& w, int64_t 
 // with AVX2); false when TURBOKV_F32_ACTIVATIONS=1 or TURBOKV_FORCE_SCALAR=1 is set, or the
 // CPU has no AVX2: then weight rows are dequantized and multiplied in f32.
 bool int8_activations_enabled();
+// TURBOKV_F32_ACTIVATIONS set (and not "0"): the reference mode, every product of quantized
+// weights on fp32 activations (read once from the environment; the GPU kernels honour it too).
+bool f32_reference_mode();
 
 }  // namespace turbokv

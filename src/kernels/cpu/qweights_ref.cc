@@ -321,12 +321,16 @@ void qmatmul_rows_ref(const ActivationBlocks& x, const WeightMatrix& w, int64_t 
   }
 }
 
-bool int8_activations_enabled() {
+bool f32_reference_mode() {
   static const bool enabled = [] {
     const char* f32 = std::getenv("TURBOKV_F32_ACTIVATIONS");
-    if (f32 != nullptr && f32[0] != '\0' && std::strcmp(f32, "0") != 0) return false;
-    return cpu_has_avx2();
+    return f32 != nullptr && f32[0] != '\0' && std::strcmp(f32, "0") != 0;
   }();
+  return enabled;
+}
+
+bool int8_activations_enabled() {
+  static const bool enabled = !f32_reference_mode() && cpu_has_avx2();
   return enabled;
 }
 

@@ -213,15 +213,14 @@ void quant_matmul(const QuantWeightsView& w, const float* x, int64_t m, float* y
     throw InvalidArgument("quant_matmul: x must be a 16-byte aligned device pointer, y non-null");
   }
   const qmm::WeightArgs wa = weight_args(w);
-  if (m == 1 && gpu_int8_activations_enabled() && !gpu_f32_reference_mode() &&
-      quant_gemv_int8_supported(w) &&
+  if (m == 1 && gpu_int8_activations_enabled() && quant_gemv_int8_supported(w) &&
       scratch.max_m() >= 1 &&
       2 * scratch.max_m() * scratch.max_cols() >= quant_gemv_int8_workspace_bytes(w.cols)) {
     qmm::launch_gemv_affine4_int8(wa, x, y, reinterpret_cast<uint8_t*>(scratch.x_bf16()),
                                   int8_gemv_shape(), stream);
     return;
   }
-  if (m <= kQuantGemvMaxRows || gpu_f32_reference_mode()) {
+  if (m <= kQuantGemvMaxRows || f32_reference_mode()) {
     // The reference mode takes the fp32 GEMV for any m.
     return quant_matmul_gemv(w, x, m, y, ldy, stream);
   }
@@ -285,14 +284,6 @@ void quant_matmul_gemv(const QuantWeightsView& w, const float* x, int64_t m, flo
   }
 }
 
-bool gpu_f32_reference_mode() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("TURBOKV_F32_ACTIVATIONS");
-    return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
-  }();
-  return enabled;
-}
-
 size_t upload_dense_parts(std::initializer_list<const WeightMatrix*> parts, bool widen,
                           uint8_t* dst) {
   size_t offset = 0;
@@ -316,7 +307,7 @@ size_t upload_dense_parts(std::initializer_list<const WeightMatrix*> parts, bool
 bool gpu_int8_activations_enabled() {
   static const bool enabled = [] {
     const char* v = std::getenv("TURBOKV_GPU_INT8_ACTIVATIONS");
-    return v == nullptr || std::strcmp(v, "0") != 0;
+    return (v == nullptr || std::strcmp(v, "0") != 0) && !f32_reference_mode();
   }();
   return enabled;
 }

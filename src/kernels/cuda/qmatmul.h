@@ -8,7 +8,7 @@
 //       and accumulate all m activation rows in fp32, so the weights are read once.
 //   quant_matmul, m > kQuantGemvMaxRows (prefill): panels of rows dequantized to bf16 in
 //       QuantScratch, x narrowed to bf16, and cuBLAS (bf16 x bf16, fp32 accumulation); in the
-//       fp32 reference mode (TURBOKV_F32_ACTIVATIONS=1, gpu_f32_reference_mode) the GEMV
+//       fp32 reference mode (TURBOKV_F32_ACTIVATIONS=1, f32_reference_mode) the GEMV
 //       instead, kQuantGemvMaxRows rows of x per pass, so no activation is rounded.
 //   dequantize_to_bf16: the weights as bf16, equal bit for bit to rounding
 //       dequantize_rows_ref's fp32 values.
@@ -109,7 +109,8 @@ inline void quant_matmul(const DeviceQuantMatrix& w, const float* x, int64_t m, 
 }
 
 // The int8-activation decode GEMV (quant_matmul uses it for m = 1 on MLX 4-bit weights when
-// the scratch has room, unless TURBOKV_GPU_INT8_ACTIVATIONS=0 or the reference mode below):
+// the scratch has room and gpu_int8_activations_enabled(): not with
+// TURBOKV_GPU_INT8_ACTIVATIONS=0 or in the reference mode below):
 // x is quantized per block of 32 as the CPU's quantize_activations does (d = max|x| / 127,
 // q = rint(x / d)) and the codes meet it in dp4a integer dot products, ~1 issue slot per
 // weight instead of ~3.5. y [w.rows] = the product, as qmatmul_rows_ref of those blocks up to
@@ -123,9 +124,8 @@ constexpr int kInt8GemvShapes = 2;
 const char* int8_gemv_shape_name(Int8GemvShape shape);
 Int8GemvShape int8_gemv_shape();  // the shape quant_matmul uses
 bool gpu_int8_activations_enabled();
-// TURBOKV_F32_ACTIVATIONS=1 (the CPU kernels' reference mode too): every quant_matmul runs the
-// fp32 GEMV (quant_matmul_gemv), whatever m, and the int8 GEMV is not used.
-bool gpu_f32_reference_mode();
+// In the reference mode (f32_reference_mode(), kernels/cpu/qweights.h) every quant_matmul runs
+// the fp32 GEMV (quant_matmul_gemv), whatever m, and the int8 GEMV is not used.
 // Copies rows of the dense parts (one dtype, same cols) one after another to dst: as stored,
 // or widened to fp32 when widen (the reference mode's dense weights, so that every product
 // takes fp32 activations too). Returns the bytes written.

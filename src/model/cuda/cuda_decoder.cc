@@ -88,7 +88,7 @@ DeviceMatrix upload_rows(std::initializer_list<const WeightMatrix*> parts, size_
     if (p->dtype != first.dtype) throw Unsupported("--device cuda: fused projections of mixed dtypes");
   }
   // The reference mode holds dense weights in fp32, so their products take fp32 activations.
-  const bool widen = gpu_f32_reference_mode();
+  const bool widen = f32_reference_mode();
   m.elem = elem_of(first.dtype);
   if (widen) m.elem = Elem::kF32;
   const size_t row_bytes = size_t(m.cols) * elem_bytes(m.elem);
@@ -582,10 +582,10 @@ CudaDecoderModel::~CudaDecoderModel() {
   caches_.reset();  // before the stream goes
 }
 
-bool CudaDecoderModel::f32_activations() { return gpu_f32_reference_mode(); }
+bool CudaDecoderModel::f32_activations() { return f32_reference_mode(); }
 
 bool CudaDecoderModel::decode_uses_int8() const {
-  if (!gpu_int8_activations_enabled() || gpu_f32_reference_mode()) return false;
+  if (!gpu_int8_activations_enabled()) return false;
   // quant_matmul takes the int8 GEMV for one row of x on the matrices it supports: MLX
   // 4-bit, the layout whose integer kernels read x in nibble order.
   auto int8 = [](const WeightMatrix& w) { return uses_nibble_order(w); };

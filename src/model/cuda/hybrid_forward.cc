@@ -72,7 +72,7 @@ DenseMatrix upload(std::initializer_list<const WeightMatrix*> parts, size_t* tot
     }
     m.rows += p->rows;
   }
-  const bool widen = gpu_f32_reference_mode();  // fp32 weights, fp32 activations
+  const bool widen = f32_reference_mode();  // fp32 weights, fp32 activations
   m.elem = elem_of(first.dtype, "dense");
   if (widen) m.elem = Elem::kF32;
   const size_t row_bytes = size_t(m.cols) * elem_bytes(m.elem);
