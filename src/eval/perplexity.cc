@@ -104,9 +104,6 @@ LayerCaches caches_for(const Model& model, const PerplexityOptions& options, con
   return options.make_caches ? options.make_caches(kv) : make_layer_caches(model.layer_specs(), kv);
 }
 
-// Settings batched into one forward with the dense pass (bounds the logits memory).
-constexpr size_t kSweepBatch = 6;
-
 }  // namespace
 
 PerplexityResult run_perplexity(
@@ -162,47 +159,44 @@ std::vector<PerplexityResult> run_perplexity_sweep(
   const int64_t C = options.context;
   const int V = model.info().vocab_size;
   const int piece = options.tokens_per_forward;
-  const size_t batch = std::min(kSweepBatch, kvs.size());
-  std::vector<float> dense_logits(size_t(C) * V);        // [C, V] of the chunk
-  std::vector<float> logits(batch * size_t(piece) * V);  // [batch, piece, V]
+  // Every forward carries one sequence: the dense pass first, then each setting alone. A
+  // setting's logits are then those of its single run, bit for bit (a batched forward is not:
+  // some BLAS kernels round a row differently by its position in the batch).
+  std::vector<float> dense_logits(size_t(C) * V);  // [C, V] of the chunk
+  std::vector<float> logits(size_t(piece) * V);    // [piece, V]
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     const int32_t* ids = tokens.data() + chunk * C;
-    for (size_t first = 0; first < kvs.size(); first += batch) {
-      const size_t count = std::min(batch, kvs.size() - first);
-      const bool with_dense = first == 0;  // the dense pass rides with the first batch
-      LayerCaches dense;
-      if (with_dense) dense = caches_for(model, options, ResolvedKV{});
-      std::vector<LayerCaches> quant(count);
-      for (size_t j = 0; j < count; ++j) {
-        const int n_first = int(std::min<int64_t>(piece, C));
-        const ResolvedKV kv = allocate_kv(
-            model.layer_specs(), kvs[first + j], n_first, V,
-            [&](const std::vector<LayerCaches*>& caches, const std::vector<float*>& out) {
-              std::vector<Model::Chunk> pass;
-              for (size_t s = 0; s < caches.size(); ++s) {
-                pass.push_back({ids, n_first, caches[s], out[s], true});
-              }
-              model.forward(pass);
-            });
-        if (kvs[first + j].allocation == KVAllocation::kAuto && chunk == 0) {
-          results[first + j].kv_layer_bits = layer_bits_text(kv.layer_bits);
-        }
-        quant[j] = caches_for(model, options, kv);
-      }
+    {
+      LayerCaches dense = caches_for(model, options, ResolvedKV{});
       for (int64_t begin = 0; begin < C; begin += piece) {
         const int n = int(std::min<int64_t>(piece, C - begin));
-        std::vector<Model::Chunk> pass;
-        if (with_dense) pass.push_back({ids + begin, n, &dense, &dense_logits[begin * V], true});
-        for (size_t j = 0; j < count; ++j) {
-          pass.push_back({ids + begin, n, &quant[j], &logits[j * piece * V], true});
-        }
-        model.forward(pass);
-        for (size_t j = 0; j < count; ++j) {
-          score_logits(&logits[j * piece * V], &dense_logits[begin * V], ids + begin + 1, n, V,
-                       results[first + j].stats);
-        }
+        Model::Chunk c{ids + begin, n, &dense, &dense_logits[begin * V], true};
+        model.forward({&c, 1});
       }
-      for (size_t j = 0; j < count; ++j) sizes[first + j].add(quant[j]);
+    }
+    for (size_t j = 0; j < kvs.size(); ++j) {
+      const int n_first = int(std::min<int64_t>(piece, C));
+      const ResolvedKV kv = allocate_kv(
+          model.layer_specs(), kvs[j], n_first, V,
+          [&](const std::vector<LayerCaches*>& caches, const std::vector<float*>& out) {
+            std::vector<Model::Chunk> pass;
+            for (size_t s = 0; s < caches.size(); ++s) {
+              pass.push_back({ids, n_first, caches[s], out[s], true});
+            }
+            model.forward(pass);
+          });
+      if (kvs[j].allocation == KVAllocation::kAuto && chunk == 0) {
+        results[j].kv_layer_bits = layer_bits_text(kv.layer_bits);
+      }
+      LayerCaches quant = caches_for(model, options, kv);
+      for (int64_t begin = 0; begin < C; begin += piece) {
+        const int n = int(std::min<int64_t>(piece, C - begin));
+        Model::Chunk c{ids + begin, n, &quant, logits.data(), true};
+        model.forward({&c, 1});
+        score_logits(logits.data(), &dense_logits[begin * V], ids + begin + 1, n, V,
+                     results[j].stats);
+      }
+      sizes[j].add(quant);
     }
     if (progress) progress(chunk + 1, chunks, results);
   }
