@@ -34,10 +34,31 @@ struct AttentionBenchFlags {
   std::string contexts = "1024,4096,16384,65536";
   std::string turboquant_bits = "3.5,4/3";  // layer 0 and the later layers of --kv-bits 3.5
   std::string isa = "best";
+  std::string products;  // TurboQuant codebook products to compare; empty: the current one
   int threads = 2;
   int repeats = 0;  // 0: chosen per context
   bool json = false;
 };
+
+// "int8,exact" -> the products, in order; empty text -> the current setting alone.
+std::vector<CodeProducts> parse_products(const std::string& text) {
+  if (text.empty()) return {code_products()};
+  std::vector<CodeProducts> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (item == "int8") {
+      out.push_back(CodeProducts::kInt8);
+    } else if (item == "exact") {
+      out.push_back(CodeProducts::kExact);
+    } else {
+      throw InvalidArgument(str_cat("--products: '", item, "' is not int8 or exact"), "--products");
+    }
+  }
+  if (out.empty()) throw InvalidArgument("--products: empty list", "--products");
+  return out;
+}
+
+const char* products_name(CodeProducts p) { return p == CodeProducts::kInt8 ? "int8" : "exact"; }
 
 std::vector<int64_t> parse_contexts(const std::string& text) {
   std::vector<int64_t> contexts;
@@ -138,9 +159,11 @@ struct BenchCache {
   std::string name;
   std::unique_ptr<KVCache> cache;
   std::vector<double> us;
+  CodeProducts products = code_products();  // TurboQuant's codebook products
 
   void attend(const float* q, const AttentionParams& params, float* out, AttentionIsa isa) const {
     const AttentionQueries queries{q, 1, cache->size() - 1};
+    set_code_products(products);
     if (const auto* dense = dynamic_cast<const DenseKVCache*>(cache.get())) {
       attention_dense(dense->view(), queries, params, out, isa);
     } else if (const auto* tq = dynamic_cast<const TurboQuantKVCache*>(cache.get())) {
@@ -212,6 +235,8 @@ int run_attention_bench(const AttentionBenchFlags& flags) {
   const std::vector<int64_t> contexts = parse_contexts(flags.contexts);
   const auto turboquant = parse_turboquant_bits(flags.turboquant_bits);
   const AttentionIsa isa = usable_isa(parse_isa(flags.isa));
+  const std::vector<CodeProducts> products = parse_products(flags.products);
+  const CodeProducts products_before = code_products();
   set_num_threads(flags.threads);
   constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128;
   const AttentionParams params{kHeads, 1.0f / std::sqrt(float(kHeadDim)), 0.0f, 0};
@@ -224,12 +249,15 @@ int run_attention_bench(const AttentionBenchFlags& flags) {
   nlohmann::json results = nlohmann::json::array();
   if (!flags.json) {
     std::printf(
-        "decode attention: %d query heads, %d KV heads, d=%d, %d threads, kernels %s (CPU: %s)\n"
+        "decode attention: %d query heads, %d KV heads, d=%d, %d threads, kernels %s, "
+        "TurboQuant products %s (CPU: %s)\n"
         "median and min us of interleaved rounds; paired = median over rounds of dense us / "
         "us in the same round; speedup = dense median / median (min / min); GB/s = cache bytes "
         "read per second at the min; read = streaming-read loop (best pass), same run\n",
-        kHeads, kKvHeads, kHeadDim, flags.threads, attention_isa_name(isa), cpu_feature_names());
-    std::printf("%8s %-15s %10s %10s %7s %15s %8s %8s\n", "context", "cache", "median_us",
+        kHeads, kKvHeads, kHeadDim, flags.threads, attention_isa_name(isa),
+        flags.products.empty() ? products_name(products[0]) : flags.products.c_str(),
+        cpu_feature_names());
+    std::printf("%8s %-20s %10s %10s %7s %15s %8s %8s\n", "context", "cache", "median_us",
                 "min_us", "paired", "speedup", "GB/s", "read");
   }
   for (const int64_t context : contexts) {
@@ -240,8 +268,11 @@ int run_attention_bench(const AttentionBenchFlags& flags) {
     caches.push_back(
         {"dense_f16", std::make_unique<DenseKVCache>(kKvHeads, kHeadDim, KVDType::kF16), {}});
     for (const auto& [name, config] : turboquant) {
-      caches.push_back(
-          {name, std::make_unique<TurboQuantKVCache>(kKvHeads, kHeadDim, config), {}});
+      for (const CodeProducts p : products) {
+        const std::string label = products.size() > 1 ? name + "/" + products_name(p) : name;
+        caches.push_back(
+            {label, std::make_unique<TurboQuantKVCache>(kKvHeads, kHeadDim, config), {}, p});
+      }
     }
     caches.push_back(
         {"uniform_4",
@@ -289,7 +320,7 @@ int run_attention_bench(const AttentionBenchFlags& flags) {
         char speedup[32];
         std::snprintf(speedup, sizeof(speedup), "%.2fx (%.2fx)", dense_median / med,
                       dense_min / best);
-        std::printf("%8lld %-15s %10.1f %10.1f %6.2fx %15s %8.1f %8.1f\n",
+        std::printf("%8lld %-20s %10.1f %10.1f %6.2fx %15s %8.1f %8.1f\n",
                     static_cast<long long>(context), c.name.c_str(), med, best, paired, speedup,
                     gbps, read_gbps);
       }
@@ -300,6 +331,8 @@ int run_attention_bench(const AttentionBenchFlags& flags) {
     nlohmann::json doc = {{"device", flags.device},
                           {"threads", flags.threads},
                           {"isa", attention_isa_name(isa)},
+                          {"products", flags.products.empty() ? products_name(products[0])
+                                                              : flags.products},
                           {"cpu_features", cpu_feature_names()},
                           {"heads", kHeads},
                           {"kv_heads", kKvHeads},
@@ -309,6 +342,7 @@ int run_attention_bench(const AttentionBenchFlags& flags) {
                           {"results", results}};
     std::printf("%s\n", doc.dump().c_str());
   }
+  set_code_products(products_before);
   return 0;
 }
 
@@ -330,6 +364,9 @@ int bench_main(int argc, char** argv) {
       "explicit key and value bits, e.g. 4/3)");
   attention_cmd->add_option("--isa", attention.isa,
                             "kernels' instruction set: best, avx512, avx2, scalar");
+  attention_cmd->add_option("--products", attention.products,
+                            "TurboQuant codebook products to compare, e.g. int8,exact (default: "
+                            "int8, or exact under TURBOKV_EXACT_ATTENTION=1)");
   attention_cmd->add_flag("--json", attention.json, "print one JSON object");
   E2EBenchFlags e2e;
   CLI::App* e2e_cmd = add_e2e_bench(app, e2e);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_codes.h"
 #include "tests/common/random.h"
 
 namespace turbokv::testing {
@@ -68,6 +69,21 @@ inline std::vector<AttentionCase> attention_cases() {
 }
 
 // Every instruction set a test runs (one the CPU lacks runs the next one below it).
+// The TurboQuant decode kernel's products for the scope of a test: tests of the cache types and
+// levers hold them to the exact kernel's tolerance; turboquant_decode_test covers the 8-bit ones.
+class ScopedCodeProducts {
+ public:
+  explicit ScopedCodeProducts(CodeProducts products) : before_(code_products()) {
+    set_code_products(products);
+  }
+  ~ScopedCodeProducts() { set_code_products(before_); }
+  ScopedCodeProducts(const ScopedCodeProducts&) = delete;
+  ScopedCodeProducts& operator=(const ScopedCodeProducts&) = delete;
+
+ private:
+  CodeProducts before_;
+};
+
 inline constexpr AttentionIsa kAllIsas[] = {AttentionIsa::kScalar, AttentionIsa::kAvx2,
                                             AttentionIsa::kAvx512};
 

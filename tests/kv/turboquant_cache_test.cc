@@ -20,6 +20,7 @@ const TurboQuantKVConfig kConfigs[] = {
 };
 
 TEST(TurboQuantAttention, EveryIsaMatchesReferenceOnDequantizedCache) {
+  const testing::ScopedCodeProducts exact(CodeProducts::kExact);
   uint32_t seed = 100;
   size_t config_index = 0;
   for (const AttentionCase& c : testing::attention_cases()) {
@@ -56,6 +57,7 @@ TEST(TurboQuantAttention, EveryIsaMatchesReferenceOnDequantizedCache) {
 // The first S tokens attended densely, the rest on codes (a view of a token range), merged by
 // their softmax statistics: equal to attention over the whole dequantized cache.
 TEST(TurboQuantAttention, TokenRangePartialMergesWithADensePart) {
+  const testing::ScopedCodeProducts exact(CodeProducts::kExact);
   const AttentionCase c{128, 2, 4, 700, 1};
   const int64_t first_part = 4;
   const auto in = testing::make_inputs(c, 77);

@@ -32,6 +32,7 @@ TurboQuantKVConfig lever_config(double key_bits, double value_bits, bool keys, b
 }
 
 TEST(TurboQuantLevers, AttendMatchesReferenceOnDequantizedCache) {
+  const testing::ScopedCodeProducts exact(CodeProducts::kExact);
   const TurboQuantKVConfig configs[] = {
       lever_config(3, 4, true, true, 0),   lever_config(3, 4, true, false, 4),
       lever_config(3.5, 4, true, true, 1), lever_config(2, 2.5, false, true, 5),

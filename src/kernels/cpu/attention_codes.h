@@ -39,6 +39,18 @@ struct TurboQuantKVView {
   int64_t first_pos = 0;
 };
 
+// How decode on the codes multiplies the tensors whose codebook has 16 centroids (4 bits),
+// which AVX2 cannot look up in one fp32 instruction:
+//   kInt8: the centroids are looked up as bytes, 32 per vpshufb, and multiplied with 8-bit
+//     queries (keys) or 8-bit softmax weights (values) by vpmaddubsw into 32-bit sums; the
+//     rounding is a fraction of the codec's own error (docs/kernels.md, "CPU attention").
+//   kExact: fp32 products on the exact codebook, like every other codebook size.
+// Default kInt8; kExact when TURBOKV_EXACT_ATTENTION=1 or TURBOKV_F32_ACTIVATIONS=1 (the
+// reference mode) is set. Prefill, the scalar path and codebooks of 1-3 bits are always exact.
+enum class CodeProducts { kExact, kInt8 };
+CodeProducts code_products();
+void set_code_products(CodeProducts products);  // for tests and benchmarks
+
 // Same contract as attention_reference over the dequantized keys and values.
 void attention_turboquant(const TurboQuantKVView& kv, const AttentionQueries& queries,
                           const AttentionParams& params, float* out,

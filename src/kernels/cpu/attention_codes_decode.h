@@ -10,10 +10,15 @@
 //      the block, acc rescaled only when the row's max grows; w = exp(s - m) * value norm;
 //   3. values: each looked-up group of 8 value centroids feeds the multiply-adds of every row,
 //      R x CG accumulators held in registers over the block.
-// No quantized lookup tables: products and sums are fp32 on the exact codebook values, so the
-// result equals the reference on the dequantized cache up to float rounding (the tile path's
-// tolerance). Other codecs (split k + 0.5 bits, more than 4 bits, head_dim % 8 != 0) take the
-// tile path of attention_core.h.
+// Two kinds of products (code_products(), attention_codes.h):
+//   exact: fp32 multiply-adds on the exact codebook values, as above, so the result equals
+//     the reference on the dequantized cache up to float rounding (the tile path's tolerance);
+//   int8 (the default): tensors of 3 or 4 bits with head_dim % 64 == 0 are looked up as bytes
+//     and multiplied in 8 bits (below, "8-bit products"); steps 1 and 3 become integer dot
+//     products, step 2 is unchanged. Tensors of 1-2 bits stay exact (one vpermps per 8 codes
+//     is already cheap).
+// Other codecs (split k + 0.5 bits, more than 4 bits, head_dim % 8 != 0) take the tile path of
+// attention_core.h.
 //
 // Lookup is the instruction-set part, a struct with
 //   static constexpr int kRegisters: vector registers of the instruction set (16 or 32);
@@ -384,6 +389,329 @@ inline void decode_norms(const uint16_t* norms, int n, float scale, float* out) 
   for (; t < kDecodeBlock; ++t) out[t] = 0.0f;
 }
 
+// 8-bit products for 3- and 4-bit codebooks (CodeProducts::kInt8). A centroid is
+// c_scale * c8 with |c8| <= 127. Per token, the codes are expanded to one byte per coordinate
+// and looked up by vpshufb, 32 at a time, in a storage order of the bits (storage_coordinate):
+//   4 bits: a 32-byte run h of codes gives two vectors, the low nibbles (coordinates
+//     64 h + 2 p) and the high ones (64 h + 2 p + 1);
+//   3 bits: 12 bytes (4 groups of 8 codes) give one vector: every 16-bit lane takes its code's
+//     two bytes (vpshufb), shifts it into its high byte (vpmullw by a power of two) and two
+//     lanes' codes are merged into one lane's two bytes.
+// Keys: sum_j (c8 + 128) * q7[j] by vpmaddubsw (the offset centroid is the unsigned operand,
+//   the query rounded to 7 bits, |q7| <= 63, the signed one), minus 128 * sum_j q7[j]; the
+//   score is q_scale * c_scale times that. Pairs are at most 2 * 255 * 63 < 2^15.
+// Values: per block, w8 = round(127 * w / max w) per row, and sum_t w8[t] * c8[t][j] over 4
+//   tokens per 32-bit lane (4 tokens' c8 interleaved byte by byte), added to the fp32 sums with
+//   the scale max w / 127 * c_scale once per block; the sums stay in the interleaved order
+//   (value_coordinate) until the item ends. Pairs are at most 2 * 127 * 127 < 2^15.
+// Queries are put in storage order once per item.
+constexpr int kInt8MaxDim = 256;  // head_dim % 64 == 0 and <= 256
+constexpr int kInt8MaxRows = 16;  // query rows of one KV head
+constexpr int kQ7 = 63;           // largest |q7|
+
+inline bool int8_eligible(int bits, int d, int rows) {
+  return (bits == 3 || bits == 4) && d % 64 == 0 && d <= kInt8MaxDim && rows <= kInt8MaxRows;
+}
+
+// Coordinate of byte p (0..31) of vector v of a token's expanded codes.
+inline int storage_coordinate(int bits, int v, int p) {
+  if (bits == 4) return 64 * (v / 2) + 2 * p + v % 2;
+  const int lane = p / 16, q = p % 16;
+  const int group = 4 * v + (q % 2 == 1 ? 2 : 0) + lane;
+  return 8 * group + q / 2;
+}
+
+struct Int8Codebook {
+  __m256i table;         // c8 (values) or c8 + 128 (keys) in both 128-bit lanes
+  float scale = 1.0f;    // c_scale
+  int bits = 0;
+};
+
+inline Int8Codebook make_int8_codebook(const float* centroids, int bits, bool offset) {
+  const int n = 1 << bits;
+  float top = 0.0f;
+  for (int i = 0; i < n; ++i) top = std::max(top, std::fabs(centroids[i]));
+  Int8Codebook book;
+  book.bits = bits;
+  book.scale = top > 0.0f ? top / 127.0f : 1.0f;
+  alignas(16) uint8_t c8[16] = {};
+  for (int i = 0; i < n; ++i) {
+    const int c = static_cast<int>(std::lrint(centroids[i] / book.scale));
+    c8[i] = static_cast<uint8_t>(offset ? c + 128 : c);
+  }
+  book.table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(c8)));
+  return book;
+}
+
+// acc + the sums of 4 adjacent products u8 * s8 per 32-bit lane (one vpdpbusd with AVX-512
+// VNNI; vpmaddubsw + vpmaddwd + vpaddd otherwise, equal as long as no 16-bit pair saturates,
+// which the bounds above exclude).
+__attribute__((always_inline)) inline __m256i dot4_add(__m256i acc, __m256i u8, __m256i s8) {
+#if defined(__AVX512VNNI__)
+  return _mm256_dpbusd_epi32(acc, u8, s8);
+#else
+  return _mm256_add_epi32(acc,
+                          _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1)));
+#endif
+}
+
+// The looked-up codes of one token: d / 32 vectors of 32 bytes at out, storage order.
+template <int B>
+__attribute__((always_inline)) inline void expand_token(const uint8_t* codes, int d,
+                                                        __m256i table, __m256i* out) {
+  if constexpr (B == 4) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    for (int h = 0; h < d / 64; ++h) {
+      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 32 * h));
+      out[2 * h] = _mm256_shuffle_epi8(table, _mm256_and_si256(c, low4));
+      out[2 * h + 1] =
+          _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(c, 4), low4));
+    }
+  } else {
+    // 16-bit lane i of a lane: the bytes holding code i of its group (bit 3i), shifted left
+    // by 8 - (3i mod 8) so the code lands in bits 8..10. Groups: A takes 0 | 1, B 2 | 3.
+    const __m256i gather_a = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 1, 2, 1, 2, 1, 2, 2, 3, 2, 3,  //
+                                              3, 4, 3, 4, 3, 4, 4, 5, 4, 5, 4, 5, 5, 6, 5, 6);
+    const __m256i gather_b = _mm256_setr_epi8(6, 7, 6, 7, 6, 7, 7, 8, 7, 8, 7, 8, 8, 9, 8, 9,  //
+                                              9, 10, 9, 10, 9, 10, 10, 11, 10, 11, 10, 11, 11,
+                                              12, 11, 12);
+    const __m256i shift = _mm256_setr_epi16(256, 32, 4, 128, 16, 2, 64, 8,  //
+                                            256, 32, 4, 128, 16, 2, 64, 8);
+    const __m256i high3 = _mm256_set1_epi16(0x0700), low3 = _mm256_set1_epi16(0x0007);
+    for (int v = 0; v < d / 32; ++v) {
+      const __m256i bytes = _mm256_broadcastsi128_si256(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 12 * v)));
+      const __m256i a = _mm256_mullo_epi16(_mm256_shuffle_epi8(bytes, gather_a), shift);
+      const __m256i b = _mm256_mullo_epi16(_mm256_shuffle_epi8(bytes, gather_b), shift);
+      const __m256i idx = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 8), low3),
+                                          _mm256_and_si256(b, high3));
+      out[v] = _mm256_shuffle_epi8(table, idx);
+    }
+  }
+}
+
+// Every token of the block expanded: looked[t * d ...], zero past n.
+template <int B>
+inline void expand_block(const Int8Codebook& book, const uint8_t* codes, size_t stride, int d,
+                         int n, uint8_t* looked) {
+  for (int t = 0; t < kDecodeBlock; ++t) {
+    __m256i* out = reinterpret_cast<__m256i*>(looked + t * d);
+    if (t < n) {
+      expand_token<B>(codes + t * stride, d, book.table, out);
+    } else {
+      for (int v = 0; v < d / 32; ++v) out[v] = _mm256_setzero_si256();
+    }
+  }
+}
+
+// The query rows of an item rounded to 7 bits in the key codes' storage order.
+struct Int8Queries {
+  alignas(32) int8_t q[kInt8MaxRows][kInt8MaxDim];
+  float scale[kInt8MaxRows];  // q_scale * c_scale
+  int32_t offset[kInt8MaxRows];  // 128 * sum_j q7[j]
+};
+
+// order[bits == 3][i] = storage_coordinate(bits, i / 32, i % 32): which coordinate goes to
+// storage position i (the same for every d that is a multiple of 64).
+struct StorageOrder {
+  uint8_t order[2][kInt8MaxDim];
+  StorageOrder() {
+    for (int b = 0; b < 2; ++b) {
+      for (int i = 0; i < kInt8MaxDim; ++i) {
+        order[b][i] = static_cast<uint8_t>(storage_coordinate(b == 1 ? 3 : 4, i / 32, i % 32));
+      }
+    }
+  }
+};
+inline const StorageOrder kStorageOrder;
+
+inline void make_int8_queries(const float* q, int rows, int d, int bits, float c_scale,
+                              Int8Queries& out) {
+  const uint8_t* order = kStorageOrder.order[bits == 3 ? 1 : 0];
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int r = 0; r < rows; ++r) {
+    const float* row = q + static_cast<int64_t>(r) * d;
+    __m256 top = _mm256_setzero_ps();
+    for (int j = 0; j < d; j += 8) {
+      top = _mm256_max_ps(top, _mm256_and_ps(_mm256_loadu_ps(row + j), abs_mask));
+    }
+    __m128 h4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    h4 = _mm_max_ps(h4, _mm_movehl_ps(h4, h4));
+    const float max_q = _mm_cvtss_f32(_mm_max_ss(h4, _mm_movehdup_ps(h4)));
+    const float scale = max_q > 0.0f ? max_q / kQ7 : 1.0f;
+    const __m256 inv = _mm256_set1_ps(1.0f / scale);
+    alignas(32) int32_t q7[kInt8MaxDim];
+    __m256i sum = _mm256_setzero_si256();
+    for (int j = 0; j < d; j += 8) {
+      const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(row + j), inv));
+      sum = _mm256_add_epi32(sum, v);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(q7 + j), v);
+    }
+    for (int i = 0; i < d; ++i) out.q[r][i] = static_cast<int8_t>(q7[order[i]]);
+    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    out.scale[r] = scale * c_scale;
+    out.offset[r] = 128 * _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xB1)));
+  }
+}
+
+// scores[r * kDecodeBlock + t] = <q_{r0 + r}, centroids of key t> for r < rows, from the
+// block's expanded keys (8-bit products). R <= 4 rows per pass over the keys.
+template <int R, int D>
+inline void score_rows_int8(const uint8_t* looked, const Int8Queries& q, int r0, int d_runtime,
+                            float* scores) {
+  const int d = D > 0 ? D : d_runtime;
+  alignas(16) int32_t sums[kDecodeBlock][4];
+  for (int t = 0; t < kDecodeBlock; ++t) {
+    const __m256i* c = reinterpret_cast<const __m256i*>(looked + t * d);
+    __m256i a[4];
+    for (int r = 0; r < 4; ++r) a[r] = _mm256_setzero_si256();
+    for (int v = 0; v < d / 32; ++v) {
+      const __m256i cv = _mm256_load_si256(c + v);
+      for (int r = 0; r < R; ++r) {
+        const __m256i qv =
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(&q.q[r0 + r][32 * v]));
+        a[r] = dot4_add(a[r], cv, qv);
+      }
+    }
+    const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
+    _mm_store_si128(reinterpret_cast<__m128i*>(sums[t]),
+                    _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1)));
+  }
+  // [t][r] -> scores[r][t], 4 tokens at a time: (sum - offset) * scale, transposed.
+  alignas(16) int32_t offset[4] = {};
+  alignas(16) float scale[4] = {};
+  for (int r = 0; r < R; ++r) {
+    offset[r] = q.offset[r0 + r];
+    scale[r] = q.scale[r0 + r];
+  }
+  const __m128i vo = _mm_load_si128(reinterpret_cast<const __m128i*>(offset));
+  const __m128 vs = _mm_load_ps(scale);
+  for (int t = 0; t < kDecodeBlock; t += 4) {
+    __m128 x[4];
+    for (int u = 0; u < 4; ++u) {
+      const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(sums[t + u]));
+      x[u] = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(v, vo)), vs);
+    }
+    _MM_TRANSPOSE4_PS(x[0], x[1], x[2], x[3]);
+    for (int r = 0; r < R; ++r) _mm_storeu_ps(scores + r * kDecodeBlock + t, x[r]);
+  }
+}
+
+template <int D>
+inline void score_block_int8(const uint8_t* looked, const Int8Queries& q, int r0, int rows,
+                             int d, float* scores) {
+  for (int r = 0; r < rows; r += 4) {
+    float* out = scores + r * kDecodeBlock;
+    switch (std::min(4, rows - r)) {
+      case 1:
+        score_rows_int8<1, D>(looked, q, r0 + r, d, out);
+        break;
+      case 2:
+        score_rows_int8<2, D>(looked, q, r0 + r, d, out);
+        break;
+      case 3:
+        score_rows_int8<3, D>(looked, q, r0 + r, d, out);
+        break;
+      default:
+        score_rows_int8<4, D>(looked, q, r0 + r, d, out);
+    }
+  }
+}
+
+// Dword lane L of interleaved vector g = 4 v + k of a quad holds, for 4 tokens, byte
+// p = value_byte(k, L) of their expanded vector v (the order of the unpacks below).
+constexpr int value_byte(int k, int lane) { return lane < 4 ? 4 * k + lane : 16 + 4 * k + lane - 4; }
+inline int value_coordinate(int bits, int g, int lane) {
+  return storage_coordinate(bits, g / 4, value_byte(g % 4, lane));
+}
+
+// The expanded values of the block (looked, [kDecodeBlock][d]) with 4 tokens interleaved byte
+// by byte: out[quad * (d / 8) + g], g = 4 v + k.
+inline void interleave_values(const uint8_t* looked, int d, __m256i* out) {
+  const int vectors = d / 32;
+  for (int quad = 0; quad < kDecodeBlock / 4; ++quad) {
+    const __m256i* x = reinterpret_cast<const __m256i*>(looked + 4 * quad * d);
+    __m256i* o = out + quad * (d / 8);
+    for (int v = 0; v < vectors; ++v) {
+      const __m256i x0 = _mm256_load_si256(x + v), x1 = _mm256_load_si256(x + vectors + v);
+      const __m256i x2 = _mm256_load_si256(x + 2 * vectors + v);
+      const __m256i x3 = _mm256_load_si256(x + 3 * vectors + v);
+      const __m256i lo01 = _mm256_unpacklo_epi8(x0, x1), hi01 = _mm256_unpackhi_epi8(x0, x1);
+      const __m256i lo23 = _mm256_unpacklo_epi8(x2, x3), hi23 = _mm256_unpackhi_epi8(x2, x3);
+      o[4 * v + 0] = _mm256_unpacklo_epi16(lo01, lo23);
+      o[4 * v + 1] = _mm256_unpackhi_epi16(lo01, lo23);
+      o[4 * v + 2] = _mm256_unpacklo_epi16(hi01, hi23);
+      o[4 * v + 3] = _mm256_unpackhi_epi16(hi01, hi23);
+    }
+  }
+}
+
+// acc[r] (interleaved order) += sum_t w[r][t] * centroids of value t, for r < R, with the
+// block's interleaved c8: the weights of each row rounded to 8 bits of its max.
+template <int R>
+inline void accumulate_block_int8(const Int8Codebook& book, const __m256i* interleaved,
+                                  const float* w, int d, float* acc) {
+  alignas(32) uint8_t w8[R][kDecodeBlock];
+  float scale[R];
+  for (int r = 0; r < R; ++r) {
+    const float* wr = w + r * kDecodeBlock;
+    __m256 top = _mm256_loadu_ps(wr);
+    for (int i = 8; i < kDecodeBlock; i += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(wr + i));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float max_w = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    scale[r] = max_w / 127.0f * book.scale;
+    const __m256 inv = _mm256_set1_ps(max_w > 0.0f ? 127.0f / max_w : 0.0f);
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i) {
+      q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(wr + 8 * i), inv));
+    }
+    // packs works per 128-bit lane: reorder the 64-bit quarters after each step.
+    const __m256i p01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
+    const __m256i p23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);
+    const __m256i bytes = _mm256_permute4x64_epi64(_mm256_packus_epi16(p01, p23), 0xD8);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(w8[r]), bytes);
+  }
+  constexpr int CG = R <= 2 ? 4 : (R <= 4 ? 2 : 1);  // interleaved vectors per pass
+  const int vectors = d / 8;
+  for (int g = 0; g < vectors; g += CG) {
+    __m256i a[R][CG];
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < CG; ++c) a[r][c] = _mm256_setzero_si256();
+    }
+    for (int k = 0; k < kDecodeBlock / 4; ++k) {
+      __m256i x[CG];
+      for (int c = 0; c < CG; ++c) x[c] = _mm256_load_si256(interleaved + k * vectors + g + c);
+      for (int r = 0; r < R; ++r) {
+        int32_t four;
+        std::memcpy(&four, &w8[r][4 * k], sizeof(four));
+        const __m256i wv = _mm256_set1_epi32(four);
+        for (int c = 0; c < CG; ++c) {
+          a[r][c] = dot4_add(a[r][c], wv, x[c]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256 s = _mm256_set1_ps(scale[r]);
+      float* out = acc + static_cast<int64_t>(r) * d + 8 * g;
+      for (int c = 0; c < CG; ++c) {
+        _mm256_storeu_ps(out + 8 * c, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[r][c]), s,
+                                                      _mm256_loadu_ps(out + 8 * c)));
+      }
+    }
+  }
+}
+
+// Row acc (d floats) from the interleaved order back to coordinate order.
+inline void values_to_coordinate_order(float* acc, int d, int bits) {
+  alignas(32) float natural[kInt8MaxDim];
+  for (int g = 0; g < d / 8; ++g) {
+    for (int lane = 0; lane < 8; ++lane) natural[value_coordinate(bits, g, lane)] = acc[8 * g + lane];
+  }
+  std::memcpy(acc, natural, sizeof(float) * d);
+}
+
 // The item: rows of the single query of problem p on KV head h (q: [group, d] in the key
 // frame), keys [k_begin, k_end); state gets {m, l, acc} of every row (acc in the value frame).
 // D = head_dim, or 0 for a runtime head_dim.
@@ -401,6 +729,20 @@ void decode_item(const TurboQuantKVView& kv, const VectorDecoder& key_decoder,
   alignas(32) float weights[kMaxDecodeRows * kDecodeBlock];
   alignas(32) float key_scale[kDecodeBlock];  // attention scale * key norm
   alignas(32) float value_scale[kDecodeBlock];
+  const bool int8 = code_products() == CodeProducts::kInt8;
+  const bool keys_int8 = int8 && int8_eligible(keys.bits, d, group);
+  const bool values_int8 = int8 && int8_eligible(values.bits, d, group);
+  Int8Codebook key_book, value_book;
+  Int8Queries q8;
+  alignas(32) uint8_t looked[kDecodeBlock * kInt8MaxDim];  // expanded keys, then values
+  __m256i interleaved[kDecodeBlock / 4 * kInt8MaxDim / 8];
+  if (keys_int8) {
+    key_book = make_int8_codebook(key_decoder.segments[0].centroids, keys.bits, true);
+    make_int8_queries(q, group, d, keys.bits, key_book.scale, q8);
+  }
+  if (values_int8) {
+    value_book = make_int8_codebook(value_decoder.segments[0].centroids, values.bits, false);
+  }
   // No software prefetch: the four streams (key and value codes and norms) are sequential, and
   // the hardware prefetchers keep up better than prefetch instructions do (measured).
   for (int64_t t0 = k_begin; t0 < k_end; t0 += kDecodeBlock) {
@@ -409,21 +751,50 @@ void decode_item(const TurboQuantKVView& kv, const VectorDecoder& key_decoder,
     const uint8_t* value_codes = values.codes + t0 * values.code_bytes;
     decode_norms(keys.norms + t0, n, p.scale, key_scale);
     decode_norms(values.norms + t0, n, 1.0f, value_scale);
+    if (values_int8) {
+      if (values.bits == 4) {
+        expand_block<4>(value_book, value_codes, values.code_bytes, d, n, looked);
+      } else {
+        expand_block<3>(value_book, value_codes, values.code_bytes, d, n, looked);
+      }
+      interleave_values(looked, d, interleaved);
+    }
+    if (keys_int8) {
+      if (keys.bits == 4) {
+        expand_block<4>(key_book, key_codes, keys.code_bytes, d, n, looked);
+      } else {
+        expand_block<3>(key_book, key_codes, keys.code_bytes, d, n, looked);
+      }
+    }
     for (int r0 = 0; r0 < group; r0 += kMaxDecodeRows) {
       const int rows = std::min(kMaxDecodeRows, group - r0);
       const float* q_rows = q + static_cast<int64_t>(r0) * d;
-      dispatch_decode(keys.bits, rows, [&]<int B, int R>() {
-        score_block<Lookup, B, R, D>(keys.table, key_codes, keys.code_bytes, q_rows, d, n, scores);
-      });
+      if (keys_int8) {
+        score_block_int8<D>(looked, q8, r0, rows, d, scores);
+      } else {
+        dispatch_decode(keys.bits, rows, [&]<int B, int R>() {
+          score_block<Lookup, B, R, D>(keys.table, key_codes, keys.code_bytes, q_rows, d, n,
+                                       scores);
+        });
+      }
       for (int r = 0; r < rows; ++r) {
         softmax_block_row(scores + r * kDecodeBlock, key_scale, value_scale, n, p.logit_softcap,
                           state, r0 + r, weights + r * kDecodeBlock);
       }
       float* acc = &state.acc[static_cast<size_t>(r0) * d];
       dispatch_decode(values.bits, rows, [&]<int B, int R>() {
-        accumulate_block<Lookup, B, R, D>(values.table, value_codes, values.code_bytes, weights, d,
-                                          n, acc);
+        if (values_int8) {
+          accumulate_block_int8<R>(value_book, interleaved, weights, d, acc);
+        } else {
+          accumulate_block<Lookup, B, R, D>(values.table, value_codes, values.code_bytes, weights,
+                                            d, n, acc);
+        }
       });
+    }
+  }
+  if (values_int8) {
+    for (int r = 0; r < group; ++r) {
+      values_to_coordinate_order(&state.acc[size_t(r) * d], d, values.bits);
     }
   }
 }
