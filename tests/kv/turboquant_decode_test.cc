@@ -235,7 +235,9 @@ TEST(TurboQuantDecode, Int8ProductsWithinStatedBoundOfDoubleReference) {
         worst = std::max(worst, err);
         EXPECT_LE(err, kInt8RowTolerance)
             << config_name(config) << " " << attention_isa_name(isa) << ", " << c.name();
-        // vpdpbusd (AVX-512 VNNI) and vpmaddubsw + vpmaddwd give the same integer sums.
+        // vpdpbusd (AVX-512 VNNI) and vpmaddubsw + vpmaddwd give the same integer sums (3-bit
+        // values take the 8-bit products only with VNNI, so those configurations differ).
+        if (config.value_bits == 3) continue;
         if (first.empty()) {
           first = got;
         } else {
