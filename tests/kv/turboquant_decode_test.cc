@@ -177,9 +177,10 @@ TEST(TurboQuantDecode, ResultsDoNotDependOnThreadCount) {
 // 8-bit products (CodeProducts::kInt8). Their error is stated two ways: against the double
 // reference on the dequantized cache (the exact path's yardstick), and as a fraction of the
 // codec's own error (the exact path against the double reference on the original fp32 keys
-// and values) on the same rows. Measured: worst row 7.4e-2 on the random peaked cases; on real
-// q/k/v an RMS row error of 0.8-1.3% against the codec's 10-43%, i.e. 2-13% of it (the two
-// add in quadrature: the total grows by under 1%).
+// and values) on the same rows, for each ISA (AVX2's 7-bit centroids, VNNI's 8-bit ones).
+// Measured: worst row 7.4e-2 on the random peaked cases; on real q/k/v an RMS row error of up
+// to 1.7% against the codec's 10-43%, at most 15% of it (AVX2; 13% with VNNI). The two add in
+// quadrature: the total error grows by about 1%.
 constexpr double kInt8RowTolerance = 0.1;    // worst row, random peaked cases
 constexpr double kInt8CodecFraction = 0.2;  // root-sum-square over rows, real q/k/v
 
@@ -227,7 +228,6 @@ TEST(TurboQuantDecode, Int8ProductsWithinStatedBoundOfDoubleReference) {
       const AttentionQueries queries{in.q.data(), c.n_q, c.n_past};
       const auto expected =
           testing::attention_reference_f64(cache.to_dense().view(), queries, c.params());
-      std::vector<float> first;
       for (AttentionIsa isa : {AttentionIsa::kAvx2, AttentionIsa::kAvx512}) {
         auto got = testing::output_buffer(c);
         attention_turboquant(cache.view(), queries, c.params(), got.data(), isa);
@@ -235,15 +235,6 @@ TEST(TurboQuantDecode, Int8ProductsWithinStatedBoundOfDoubleReference) {
         worst = std::max(worst, err);
         EXPECT_LE(err, kInt8RowTolerance)
             << config_name(config) << " " << attention_isa_name(isa) << ", " << c.name();
-        // vpdpbusd (AVX-512 VNNI) and vpmaddubsw + vpmaddwd give the same integer sums (3-bit
-        // values take the 8-bit products only with VNNI, so those configurations differ).
-        if (config.value_bits == 3) continue;
-        if (first.empty()) {
-          first = got;
-        } else {
-          EXPECT_EQ(std::memcmp(first.data(), got.data(), got.size() * sizeof(float)), 0)
-              << config_name(config) << " AVX2 and AVX-512 differ, " << c.name();
-        }
       }
     }
   }
@@ -274,6 +265,7 @@ TEST(TurboQuantDecode, Int8ProductsOnRealQkvAreAFractionOfTheCodecError) {
       TurboQuantKVCache cache(kv_heads, d, config);
       cache.append(k.data(), v.data(), tokens);
       const DenseKVCache dequantized = cache.to_dense();
+      for (AttentionIsa isa : {AttentionIsa::kAvx2, AttentionIsa::kAvx512}) {
       std::vector<double> codec, int8;
       for (int i = 0; i < n_q; i += 3) {
         const int64_t pos = q_first + i;
@@ -286,7 +278,7 @@ TEST(TurboQuantDecode, Int8ProductsOnRealQkvAreAFractionOfTheCodecError) {
         {
           const testing::ScopedCodeProducts scope(CodeProducts::kInt8);
           attention_turboquant(first_tokens(cache.view(), pos + 1), query, params, got.data(),
-                               AttentionIsa::kAvx2);
+                               isa);
         }
         for (double e : row_errors(reference, got, d)) int8.push_back(e);
         {
@@ -298,11 +290,13 @@ TEST(TurboQuantDecode, Int8ProductsOnRealQkvAreAFractionOfTheCodecError) {
       }
       const double fraction = root_sum_square(int8) / root_sum_square(codec);
       worst_fraction = std::max(worst_fraction, fraction);
-      EXPECT_LE(fraction, kInt8CodecFraction) << config_name(config) << " layer " << layer;
-      std::printf("%s layer %d: rms row error, codec %.4f, 8-bit products %.5f (%.2f%%)\n",
-                  config_name(config).c_str(), layer,
+      EXPECT_LE(fraction, kInt8CodecFraction)
+          << config_name(config) << " layer " << layer << " " << attention_isa_name(isa);
+      std::printf("%s layer %d %s: rms row error, codec %.4f, 8-bit products %.5f (%.2f%%)\n",
+                  config_name(config).c_str(), layer, attention_isa_name(isa),
                   root_sum_square(codec) / std::sqrt(double(codec.size())),
                   root_sum_square(int8) / std::sqrt(double(int8.size())), 100 * fraction);
+      }
     }
   }
   std::printf("8-bit products on real q/k/v: at most %.2f%% of the codec's own error\n",

@@ -390,21 +390,33 @@ inline void decode_norms(const uint16_t* norms, int n, float scale, float* out) 
 }
 
 // 8-bit products for 3- and 4-bit codebooks (CodeProducts::kInt8). A centroid is
-// c_scale * c8 with |c8| <= 127. Per token, the codes are expanded to one byte per coordinate
-// and looked up by vpshufb, 32 at a time, in a storage order of the bits (storage_coordinate):
+// c_scale * c8 with |c8| <= kCentroidMax. Per token, the codes are expanded to one byte per
+// coordinate and looked up by vpshufb, 32 at a time, in a storage order of the bits
+// (storage_coordinate):
 //   4 bits: a 32-byte run h of codes gives two vectors, the low nibbles (coordinates
 //     64 h + 2 p) and the high ones (64 h + 2 p + 1);
 //   3 bits: 12 bytes (4 groups of 8 codes) give one vector: every 16-bit lane takes its code's
 //     two bytes (vpshufb), shifts it into its high byte (vpmullw by a power of two) and two
 //     lanes' codes are merged into one lane's two bytes.
-// Keys: sum_j (c8 + 128) * q7[j] by vpmaddubsw (the offset centroid is the unsigned operand,
-//   the query rounded to 7 bits, |q7| <= 63, the signed one), minus 128 * sum_j q7[j]; the
-//   score is q_scale * c_scale times that. Pairs are at most 2 * 255 * 63 < 2^15.
+// Keys: sum_j (c8 + kKeyOffset) * q7[j] (the offset centroid is vpmaddubsw's unsigned operand,
+//   the query rounded to 7 bits, |q7| <= 63, the signed one), minus kKeyOffset * sum_j q7[j];
+//   the score is q_scale * c_scale times that.
 // Values: per block, w8 = round(127 * w / max w) per row, and sum_t w8[t] * c8[t][j] over 4
 //   tokens per 32-bit lane (4 tokens' c8 interleaved byte by byte), added to the fp32 sums with
 //   the scale max w / 127 * c_scale once per block; the sums stay in the interleaved order
-//   (value_coordinate) until the item ends. Pairs are at most 2 * 127 * 127 < 2^15.
+//   (value_coordinate) until the item ends.
+// With AVX-512 VNNI one vpdpbusd sums 4 products into 32 bits: 8-bit centroids (|c8| <= 127,
+// key offset 128). Without it, vpmaddubsw's 16-bit pair sums are widened by vpmaddwd, the
+// multiply ports bound the kernel, and 7-bit centroids (|c8| <= 63, key offset 64) keep two
+// pair sums within 16 bits (keys: 2 * 2 * 127 * 63, values: 2 * 2 * 127 * 63 < 2^15), so one
+// vpmaddwd widens two vpmaddubsw: 25% fewer multiplies, measured 3-5% faster per tensor, at
+// about 1.2x the rounding error (turboquant_decode_test).
 // Queries are put in storage order once per item.
+#if defined(__AVX512VNNI__)
+constexpr int kCentroidMax = 127, kKeyOffset = 128;
+#else
+constexpr int kCentroidMax = 63, kKeyOffset = 64;
+#endif
 constexpr int kInt8MaxDim = 256;  // head_dim % 64 == 0 and <= 256
 constexpr int kInt8MaxRows = 16;  // query rows of one KV head
 constexpr int kQ7 = 63;           // largest |q7|
@@ -432,7 +444,7 @@ inline int storage_coordinate(int bits, int v, int p) {
 }
 
 struct Int8Codebook {
-  __m256i table;         // c8 (values) or c8 + 128 (keys) in both 128-bit lanes
+  __m256i table;         // c8 (values) or c8 + kKeyOffset (keys) in both 128-bit lanes
   float scale = 1.0f;    // c_scale
   int bits = 0;
 };
@@ -443,26 +455,23 @@ inline Int8Codebook make_int8_codebook(const float* centroids, int bits, bool of
   for (int i = 0; i < n; ++i) top = std::max(top, std::fabs(centroids[i]));
   Int8Codebook book;
   book.bits = bits;
-  book.scale = top > 0.0f ? top / 127.0f : 1.0f;
+  book.scale = top > 0.0f ? top / kCentroidMax : 1.0f;
   alignas(16) uint8_t c8[16] = {};
   for (int i = 0; i < n; ++i) {
     const int c = static_cast<int>(std::lrint(centroids[i] / book.scale));
-    c8[i] = static_cast<uint8_t>(offset ? c + 128 : c);
+    c8[i] = static_cast<uint8_t>(offset ? c + kKeyOffset : c);
   }
   book.table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(c8)));
   return book;
 }
 
-// acc + the sums of 4 adjacent products u8 * s8 per 32-bit lane (one vpdpbusd with AVX-512
-// VNNI; vpmaddubsw + vpmaddwd + vpaddd otherwise, equal as long as no 16-bit pair saturates,
-// which the bounds above exclude).
-__attribute__((always_inline)) inline __m256i dot4_add(__m256i acc, __m256i u8, __m256i s8) {
-#if defined(__AVX512VNNI__)
-  return _mm256_dpbusd_epi32(acc, u8, s8);
-#else
-  return _mm256_add_epi32(acc,
-                          _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1)));
-#endif
+// The sum of 2 x 2 adjacent products u8 * s8 per 32-bit lane, two vpmaddubsw added in 16 bits
+// (within range by the bounds above) and one vpmaddwd (the AVX2 path).
+__attribute__((always_inline)) inline __m256i dot2x2(__m256i u0, __m256i s0, __m256i u1,
+                                                     __m256i s1) {
+  const __m256i pairs =
+      _mm256_add_epi16(_mm256_maddubs_epi16(u0, s0), _mm256_maddubs_epi16(u1, s1));
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
 
 // The looked-up codes of one token: d / 32 vectors of 32 bytes at out, storage order.
@@ -518,7 +527,7 @@ inline void expand_block(const Int8Codebook& book, const uint8_t* codes, size_t 
 struct Int8Queries {
   alignas(32) int8_t q[kInt8MaxRows][kInt8MaxDim];
   float scale[kInt8MaxRows];  // q_scale * c_scale
-  int32_t offset[kInt8MaxRows];  // 128 * sum_j q7[j]
+  int32_t offset[kInt8MaxRows];  // kKeyOffset * sum_j q7[j]
 };
 
 // order[bits == 3][i] = storage_coordinate(bits, i / 32, i % 32): which coordinate goes to
@@ -561,7 +570,7 @@ inline void make_int8_queries(const float* q, int rows, int d, int bits, float c
     const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
     const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
     out.scale[r] = scale * c_scale;
-    out.offset[r] = 128 * _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xB1)));
+    out.offset[r] = kKeyOffset * _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xB1)));
   }
 }
 
@@ -576,14 +585,25 @@ inline void score_rows_int8(const uint8_t* looked, const Int8Queries& q, int r0,
     const __m256i* c = reinterpret_cast<const __m256i*>(looked + t * d);
     __m256i a[4];
     for (int r = 0; r < 4; ++r) a[r] = _mm256_setzero_si256();
+#if defined(__AVX512VNNI__)
     for (int v = 0; v < d / 32; ++v) {
       const __m256i cv = _mm256_load_si256(c + v);
       for (int r = 0; r < R; ++r) {
         const __m256i qv =
             _mm256_load_si256(reinterpret_cast<const __m256i*>(&q.q[r0 + r][32 * v]));
-        a[r] = dot4_add(a[r], cv, qv);
+        a[r] = _mm256_dpbusd_epi32(a[r], cv, qv);
       }
     }
+#else
+    for (int v = 0; v < d / 32; v += 2) {
+      const __m256i c0 = _mm256_load_si256(c + v), c1 = _mm256_load_si256(c + v + 1);
+      for (int r = 0; r < R; ++r) {
+        const __m256i* qr = reinterpret_cast<const __m256i*>(&q.q[r0 + r][32 * v]);
+        a[r] = _mm256_add_epi32(
+            a[r], dot2x2(c0, _mm256_load_si256(qr), c1, _mm256_load_si256(qr + 1)));
+      }
+    }
+#endif
     const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
     _mm_store_si128(reinterpret_cast<__m128i*>(sums[t]),
                     _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1)));
@@ -690,6 +710,7 @@ inline void accumulate_block_int8(const Int8Codebook& book, const __m256i* inter
     for (int r = 0; r < R; ++r) {
       for (int c = 0; c < CG; ++c) a[r][c] = _mm256_setzero_si256();
     }
+#if defined(__AVX512VNNI__)
     for (int k = 0; k < kDecodeBlock / 4; ++k) {
       __m256i x[CG];
       for (int c = 0; c < CG; ++c) x[c] = _mm256_load_si256(interleaved + k * vectors + g + c);
@@ -698,10 +719,25 @@ inline void accumulate_block_int8(const Int8Codebook& book, const __m256i* inter
         std::memcpy(&four, &w8[r][4 * k], sizeof(four));
         const __m256i wv = _mm256_set1_epi32(four);
         for (int c = 0; c < CG; ++c) {
-          a[r][c] = dot4_add(a[r][c], wv, x[c]);
+          a[r][c] = _mm256_dpbusd_epi32(a[r][c], wv, x[c]);
         }
       }
     }
+#else
+    for (int k = 0; k < kDecodeBlock / 4; k += 2) {
+      for (int r = 0; r < R; ++r) {
+        int32_t four0, four1;
+        std::memcpy(&four0, &w8[r][4 * k], sizeof(four0));
+        std::memcpy(&four1, &w8[r][4 * k + 4], sizeof(four1));
+        const __m256i w0 = _mm256_set1_epi32(four0), w1 = _mm256_set1_epi32(four1);
+        for (int c = 0; c < CG; ++c) {
+          const __m256i x0 = _mm256_load_si256(interleaved + k * vectors + g + c);
+          const __m256i x1 = _mm256_load_si256(interleaved + (k + 1) * vectors + g + c);
+          a[r][c] = _mm256_add_epi32(a[r][c], dot2x2(w0, x0, w1, x1));
+        }
+      }
+    }
+#endif
     for (int r = 0; r < R; ++r) {
       const __m256 s = _mm256_set1_ps(scale[r]);
       float* out = acc + static_cast<int64_t>(r) * d + 8 * g;
