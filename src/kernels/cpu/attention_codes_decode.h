@@ -395,9 +395,8 @@ inline void decode_norms(const uint16_t* norms, int n, float scale, float* out) 
 // (storage_coordinate):
 //   4 bits: a 32-byte run h of codes gives two vectors, the low nibbles (coordinates
 //     64 h + 2 p) and the high ones (64 h + 2 p + 1);
-//   3 bits: 12 bytes (4 groups of 8 codes) give one vector: every 16-bit lane takes its code's
-//     two bytes (vpshufb), shifts it into its high byte (vpmullw by a power of two) and two
-//     lanes' codes are merged into one lane's two bytes.
+//   3 bits: 12 bytes give one vector of 32 codes in coordinate order (4 per 32-bit lane,
+//     spread from 12 bits to 4 bytes by shifts and masks).
 // Keys: sum_j (c8 + kKeyOffset) * q7[j] (the offset centroid is vpmaddubsw's unsigned operand,
 //   the query rounded to 7 bits, |q7| <= 63, the signed one), minus kKeyOffset * sum_j q7[j];
 //   the score is q_scale * c_scale times that.
@@ -438,9 +437,7 @@ inline bool int8_eligible(int bits, int d, int rows, bool values) {
 // Coordinate of byte p (0..31) of vector v of a token's expanded codes.
 inline int storage_coordinate(int bits, int v, int p) {
   if (bits == 4) return 64 * (v / 2) + 2 * p + v % 2;
-  const int lane = p / 16, q = p % 16;
-  const int group = 4 * v + (q % 2 == 1 ? 2 : 0) + lane;
-  return 8 * group + q / 2;
+  return 32 * v + p;
 }
 
 struct Int8Codebook {
@@ -487,23 +484,24 @@ __attribute__((always_inline)) inline void expand_token(const uint8_t* codes, in
           _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(c, 4), low4));
     }
   } else {
-    // 16-bit lane i of a lane: the bytes holding code i of its group (bit 3i), shifted left
-    // by 8 - (3i mod 8) so the code lands in bits 8..10. Groups: A takes 0 | 1, B 2 | 3.
-    const __m256i gather_a = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 1, 2, 1, 2, 1, 2, 2, 3, 2, 3,  //
-                                              3, 4, 3, 4, 3, 4, 4, 5, 4, 5, 4, 5, 5, 6, 5, 6);
-    const __m256i gather_b = _mm256_setr_epi8(6, 7, 6, 7, 6, 7, 7, 8, 7, 8, 7, 8, 8, 9, 8, 9,  //
-                                              9, 10, 9, 10, 9, 10, 10, 11, 10, 11, 10, 11, 11,
-                                              12, 11, 12);
-    const __m256i shift = _mm256_setr_epi16(256, 32, 4, 128, 16, 2, 64, 8,  //
-                                            256, 32, 4, 128, 16, 2, 64, 8);
-    const __m256i high3 = _mm256_set1_epi16(0x0700), low3 = _mm256_set1_epi16(0x0007);
+    // 32 codes (12 bytes) per vector, in order: dword L takes the two bytes holding codes
+    // 4L..4L+3 (bit 12L), vpsrlvd drops the half byte of odd L, and the four 3-bit fields
+    // move to the four bytes by shifts and masks (no multiply: the multiply ports are the
+    // AVX2 kernel's bound).
+    const __m256i gather = _mm256_setr_epi8(0, 1, -1, -1, 1, 2, -1, -1, 3, 4, -1, -1, 4, 5, -1, -1,
+                                            6, 7, -1, -1, 7, 8, -1, -1, 9, 10, -1, -1, 10, 11, -1,
+                                            -1);
+    const __m256i half = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
+    const __m256i low6 = _mm256_set1_epi32(0x3F), high6 = _mm256_set1_epi32(0x3F0000);
+    const __m256i low3 = _mm256_set1_epi8(0x07);
     for (int v = 0; v < d / 32; ++v) {
       const __m256i bytes = _mm256_broadcastsi128_si256(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 12 * v)));
-      const __m256i a = _mm256_mullo_epi16(_mm256_shuffle_epi8(bytes, gather_a), shift);
-      const __m256i b = _mm256_mullo_epi16(_mm256_shuffle_epi8(bytes, gather_b), shift);
-      const __m256i idx = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 8), low3),
-                                          _mm256_and_si256(b, high3));
+      const __m256i x = _mm256_srlv_epi32(_mm256_shuffle_epi8(bytes, gather), half);
+      // codes 0, 1 stay in bits 0..5, codes 2, 3 go to bits 16..21; then each pair splits.
+      const __m256i t = _mm256_or_si256(_mm256_and_si256(x, low6),
+                                        _mm256_and_si256(_mm256_slli_epi32(x, 10), high6));
+      const __m256i idx = _mm256_and_si256(_mm256_or_si256(t, _mm256_slli_epi32(t, 5)), low3);
       out[v] = _mm256_shuffle_epi8(table, idx);
     }
   }
