@@ -93,21 +93,48 @@ std::vector<float> query_major(const TensorView& t) {
   return out;
 }
 
+// One layer of the real q/k/v fixture: k, v [tokens, kv_heads, d] for appends, k_heads,
+// v_heads in the fixture's [kv_heads, tokens, d] (a head-major view), q [n_q, n_heads, d] for
+// the queries from position q_first.
+struct RealLayer {
+  std::vector<float> k, v, q, k_heads, v_heads;
+  int kv_heads = 0, tokens = 0, d = 0, n_heads = 0, n_q = 0;
+  int64_t q_first = 0;
+  AttentionParams params;
+};
+
+RealLayer load_real_layer(const SafetensorsFile& file, int layer) {
+  const std::string prefix = "layer" + std::to_string(layer) + ".";
+  const TensorView& kt = file.at(prefix + "k");
+  RealLayer r;
+  r.kv_heads = int(kt.shape[0]);
+  r.tokens = int(kt.shape[1]);
+  r.d = int(kt.shape[2]);
+  r.k = query_major(kt);
+  r.v = query_major(file.at(prefix + "v"));
+  r.q = query_major(file.at(prefix + "q"));
+  r.k_heads = SafetensorsFile::to_f32(kt);
+  r.v_heads = SafetensorsFile::to_f32(file.at(prefix + "v"));
+  r.n_heads = int(file.at(prefix + "q").shape[0]);
+  r.q_first = std::stoll(file.metadata().at("q_first_pos"));
+  r.n_q = r.tokens - int(r.q_first);
+  r.params = AttentionParams{r.n_heads, 1.0f / std::sqrt(float(r.d)), 0, 0};
+  return r;
+}
+
+SafetensorsFile open_real_qkv() {
+  return SafetensorsFile::open(std::string(TURBOKV_SOURCE_DIR) +
+                               "/tests/fixtures/tinycode-llama-qkv-slice.safetensors");
+}
+
 TEST(TurboQuantDecode, RealQkvWithinRowToleranceOfDoubleReference) {
   const testing::ScopedCodeProducts exact(CodeProducts::kExact);
-  const auto file = SafetensorsFile::open(std::string(TURBOKV_SOURCE_DIR) +
-                                          "/tests/fixtures/tinycode-llama-qkv-slice.safetensors");
-  const int64_t q_first = std::stoll(file.metadata().at("q_first_pos"));
+  const auto file = open_real_qkv();
   double worst = 0;
   for (int layer : {1, 4}) {
-    const std::string prefix = "layer" + std::to_string(layer) + ".";
-    const TensorView& kt = file.at(prefix + "k");
-    const int kv_heads = int(kt.shape[0]), tokens = int(kt.shape[1]), d = int(kt.shape[2]);
-    const std::vector<float> k = query_major(kt), v = query_major(file.at(prefix + "v"));
-    const std::vector<float> q = query_major(file.at(prefix + "q"));
-    const int n_heads = int(file.at(prefix + "q").shape[0]);
-    const int n_q = tokens - int(q_first);
-    const AttentionParams params{n_heads, 1.0f / std::sqrt(float(d)), 0, 0};
+    const RealLayer real = load_real_layer(file, layer);
+    const auto& [k, v, q, k_heads, v_heads, kv_heads, tokens, d, n_heads, n_q, q_first, params] =
+        real;
     {
       for (const TurboQuantKVConfig& config : kConfigs) {
         TurboQuantKVCache cache(kv_heads, d, config);
@@ -242,22 +269,12 @@ TEST(TurboQuantDecode, Int8ProductsWithinStatedBoundOfDoubleReference) {
 }
 
 TEST(TurboQuantDecode, Int8ProductsOnRealQkvAreAFractionOfTheCodecError) {
-  const auto file = SafetensorsFile::open(std::string(TURBOKV_SOURCE_DIR) +
-                                          "/tests/fixtures/tinycode-llama-qkv-slice.safetensors");
-  const int64_t q_first = std::stoll(file.metadata().at("q_first_pos"));
+  const auto file = open_real_qkv();
   double worst_fraction = 0;
   for (int layer : {1, 4}) {
-    const std::string prefix = "layer" + std::to_string(layer) + ".";
-    const TensorView& kt = file.at(prefix + "k");
-    const int kv_heads = int(kt.shape[0]), tokens = int(kt.shape[1]), d = int(kt.shape[2]);
-    const std::vector<float> k = query_major(kt), v = query_major(file.at(prefix + "v"));
-    const std::vector<float> q = query_major(file.at(prefix + "q"));
-    const int n_heads = int(file.at(prefix + "q").shape[0]);
-    const int n_q = tokens - int(q_first);
-    const AttentionParams params{n_heads, 1.0f / std::sqrt(float(d)), 0, 0};
-    // The fixture's own [kv_heads, tokens, d] layout is the head-major view the reference takes.
-    const std::vector<float> k_heads = SafetensorsFile::to_f32(kt);
-    const std::vector<float> v_heads = SafetensorsFile::to_f32(file.at(prefix + "v"));
+    const RealLayer real = load_real_layer(file, layer);
+    const auto& [k, v, q, k_heads, v_heads, kv_heads, tokens, d, n_heads, n_q, q_first, params] =
+        real;
     const DenseKVView original{KVDType::kF32, k_heads.data(), v_heads.data(), kv_heads, d,
                                tokens, tokens, 0};
     for (const TurboQuantKVConfig& config : kConfigs) {
