@@ -23,6 +23,14 @@ BpeModel::BpeModel(const json& model) {
     vocab_.emplace(token, id.get<int32_t>());
     max_id = std::max(max_id, id.get<int32_t>());
   }
+  // id_to_token_ is indexed by id: gaps cost an empty string each, so an id far past the
+  // vocab's size (a 1 KB file naming id 2^31 - 1) would allocate gigabytes.
+  constexpr int64_t kMaxUnusedIds = int64_t(1) << 20;
+  if (int64_t(max_id) + 1 > int64_t(vocab_.size()) + kMaxUnusedIds) {
+    throw FormatError(str_cat("tokenizer.json: model.vocab id ", max_id, " is far past its ",
+                              vocab_.size(), " entries (at most ", kMaxUnusedIds,
+                              " unused ids below the largest)"));
+  }
   id_to_token_.resize(static_cast<size_t>(max_id + 1));
   has_token_.assign(id_to_token_.size(), false);
   for (const auto& [token, id] : vocab_) {

@@ -174,6 +174,11 @@ TEST(Tokenizer, StructuralErrorsNameTheBadEntry) {
                                             "behavior": "Isolated"}})")
                 .find("tokenizer.json: pre_tokenizer.pattern: invalid regex '(a'"),
             std::string::npos);
+  // A small file naming a huge id: a clear error instead of gigabytes of empty entries.
+  EXPECT_NE(error_of(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 2000000000},
+                                   "merges": []}})")
+                .find("model.vocab id 2000000000 is far past its 2 entries"),
+            std::string::npos);
   EXPECT_THROW(Tokenizer::from_file("/nonexistent/tokenizer.json"), IoError);
 }
 
