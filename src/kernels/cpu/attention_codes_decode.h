@@ -303,6 +303,13 @@ void dispatch_decode(int bits, int rows, Fn&& fn) {
   }
 }
 
+// The largest of the 8 lanes of v.
+inline float max_lanes(__m256 v) {
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
 // Row r of the block: s = scores * key_scale (soft-capped; -inf past n), folded into the
 // online softmax of state row `row`; w = exp(s - m) * value_scale. scores, w: kDecodeBlock
 // floats; acc of the row rescaled when its max grows.
@@ -330,9 +337,7 @@ inline void softmax_block_row(float* scores, const float* key_scale, const float
   }
   __m256 block_max = s[0];
   for (int i = 1; i < kVectors; ++i) block_max = _mm256_max_ps(block_max, s[i]);
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(block_max), _mm256_extractf128_ps(block_max, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  const float new_max = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+  const float new_max = max_lanes(block_max);
   float& m = state.m[row];
   float& l = state.l[row];
   if (new_max > m) {
@@ -443,7 +448,6 @@ inline int storage_coordinate(int bits, int v, int p) {
 struct Int8Codebook {
   __m256i table;         // c8 (values) or c8 + kKeyOffset (keys) in both 128-bit lanes
   float scale = 1.0f;    // c_scale
-  int bits = 0;
 };
 
 inline Int8Codebook make_int8_codebook(const float* centroids, int bits, bool offset) {
@@ -451,7 +455,6 @@ inline Int8Codebook make_int8_codebook(const float* centroids, int bits, bool of
   float top = 0.0f;
   for (int i = 0; i < n; ++i) top = std::max(top, std::fabs(centroids[i]));
   Int8Codebook book;
-  book.bits = bits;
   book.scale = top > 0.0f ? top / kCentroidMax : 1.0f;
   alignas(16) uint8_t c8[16] = {};
   for (int i = 0; i < n; ++i) {
@@ -509,8 +512,8 @@ __attribute__((always_inline)) inline void expand_token(const uint8_t* codes, in
 
 // Every token of the block expanded: looked[t * d ...], zero past n.
 template <int B>
-inline void expand_block(const Int8Codebook& book, const uint8_t* codes, size_t stride, int d,
-                         int n, uint8_t* looked) {
+inline void expand_block_bits(const Int8Codebook& book, const uint8_t* codes, size_t stride,
+                              int d, int n, uint8_t* looked) {
   for (int t = 0; t < kDecodeBlock; ++t) {
     __m256i* out = reinterpret_cast<__m256i*>(looked + t * d);
     if (t < n) {
@@ -518,6 +521,16 @@ inline void expand_block(const Int8Codebook& book, const uint8_t* codes, size_t 
     } else {
       for (int v = 0; v < d / 32; ++v) out[v] = _mm256_setzero_si256();
     }
+  }
+}
+
+// The same for a tensor of `bits` (3 or 4).
+inline void expand_block(const Int8Codebook& book, int bits, const uint8_t* codes, size_t stride,
+                         int d, int n, uint8_t* looked) {
+  if (bits == 4) {
+    expand_block_bits<4>(book, codes, stride, d, n, looked);
+  } else {
+    expand_block_bits<3>(book, codes, stride, d, n, looked);
   }
 }
 
@@ -552,9 +565,7 @@ inline void make_int8_queries(const float* q, int rows, int d, int bits, float c
     for (int j = 0; j < d; j += 8) {
       top = _mm256_max_ps(top, _mm256_and_ps(_mm256_loadu_ps(row + j), abs_mask));
     }
-    __m128 h4 = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
-    h4 = _mm_max_ps(h4, _mm_movehl_ps(h4, h4));
-    const float max_q = _mm_cvtss_f32(_mm_max_ss(h4, _mm_movehdup_ps(h4)));
+    const float max_q = max_lanes(top);
     const float scale = max_q > 0.0f ? max_q / kQ7 : 1.0f;
     const __m256 inv = _mm256_set1_ps(1.0f / scale);
     alignas(32) int32_t q7[kInt8MaxDim];
@@ -686,9 +697,7 @@ inline void accumulate_block_int8(const Int8Codebook& book, const __m256i* inter
     const float* wr = w + r * kDecodeBlock;
     __m256 top = _mm256_loadu_ps(wr);
     for (int i = 8; i < kDecodeBlock; i += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(wr + i));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    const float max_w = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    const float max_w = max_lanes(top);
     scale[r] = max_w / 127.0f * book.scale;
     const __m256 inv = _mm256_set1_ps(max_w > 0.0f ? 127.0f / max_w : 0.0f);
     __m256i q[4];
@@ -803,20 +812,10 @@ void decode_item(const TurboQuantKVView& kv, const VectorDecoder& key_decoder,
     decode_norms(keys.norms + t0, n, p.scale, key_scale);
     decode_norms(values.norms + t0, n, 1.0f, value_scale);
     if (values_int8) {
-      if (values.bits == 4) {
-        expand_block<4>(value_book, value_codes, values.code_bytes, d, n, looked);
-      } else {
-        expand_block<3>(value_book, value_codes, values.code_bytes, d, n, looked);
-      }
+      expand_block(value_book, values.bits, value_codes, values.code_bytes, d, n, looked);
       interleave_values(looked, d, interleaved);
     }
-    if (keys_int8) {
-      if (keys.bits == 4) {
-        expand_block<4>(key_book, key_codes, keys.code_bytes, d, n, looked);
-      } else {
-        expand_block<3>(key_book, key_codes, keys.code_bytes, d, n, looked);
-      }
-    }
+    if (keys_int8) expand_block(key_book, keys.bits, key_codes, keys.code_bytes, d, n, looked);
     for (int r0 = 0; r0 < group; r0 += kMaxDecodeRows) {
       const int rows = std::min(kMaxDecodeRows, group - r0);
       const float* q_rows = q + static_cast<int64_t>(r0) * d;
