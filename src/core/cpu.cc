@@ -10,12 +10,13 @@
 #endif
 
 namespace turbokv {
-namespace {
 
 bool env_flag(const char* name) {
   const char* value = std::getenv(name);
   return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
 }
+
+namespace {
 
 #if defined(__x86_64__) || defined(_M_X64)
 // F16C from CPUID leaf 1 (ECX bit 29): clang has no "f16c" for __builtin_cpu_supports.

@@ -5,6 +5,9 @@
 
 namespace turbokv {
 
+// An environment switch such as TURBOKV_FORCE_SCALAR: set, not empty and not "0".
+bool env_flag(const char* name);
+
 // True when AVX2, FMA and F16C are all available and not disabled by the environment.
 bool cpu_has_avx2();
 // True when cpu_has_avx2() and the CPU and OS support AVX-512 F, BW, VL and DQ, unless

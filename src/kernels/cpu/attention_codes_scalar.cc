@@ -1,8 +1,6 @@
 // Attention on TurboQuant and uniform codes, portable path (decodes through the codecs' own
 // decode_rotated / dequantize), and the ISA dispatch of attention_turboquant / _uniform.
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include "core/cpu.h"
 #include "kernels/cpu/attention_codes_core.h"
@@ -39,11 +37,9 @@ void attention_turboquant_scalar(const TurboQuantKVView& kv, const AttentionQuer
 namespace {
 
 std::atomic<CodeProducts>& code_products_setting() {
-  static std::atomic<CodeProducts> setting = [] {
-    const char* exact = std::getenv("TURBOKV_EXACT_ATTENTION");
-    const bool exact_set = exact != nullptr && exact[0] != '\0' && std::strcmp(exact, "0") != 0;
-    return exact_set || f32_reference_mode() ? CodeProducts::kExact : CodeProducts::kInt8;
-  }();
+  static std::atomic<CodeProducts> setting{
+      env_flag("TURBOKV_EXACT_ATTENTION") || f32_reference_mode() ? CodeProducts::kExact
+                                                                  : CodeProducts::kInt8};
   return setting;
 }
 

@@ -2,7 +2,6 @@
 // block layouts, int8 activation quantization and the integer-path reference product.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 
 #include "core/cpu.h"
@@ -322,10 +321,7 @@ void qmatmul_rows_ref(const ActivationBlocks& x, const WeightMatrix& w, int64_t 
 }
 
 bool f32_reference_mode() {
-  static const bool enabled = [] {
-    const char* f32 = std::getenv("TURBOKV_F32_ACTIVATIONS");
-    return f32 != nullptr && f32[0] != '\0' && std::strcmp(f32, "0") != 0;
-  }();
+  static const bool enabled = env_flag("TURBOKV_F32_ACTIVATIONS");
   return enabled;
 }
 
