@@ -104,6 +104,19 @@ LayerCaches caches_for(const Model& model, const PerplexityOptions& options, con
   return options.make_caches ? options.make_caches(kv) : make_layer_caches(model.layer_specs(), kv);
 }
 
+// Feeds a chunk's C tokens at ids to one sequence's caches, `piece` tokens per forward: the
+// logits of the piece from token `begin` go to out(begin), then scored(begin, n) runs.
+template <class Out, class Scored>
+void feed_chunk(const Model& model, const int32_t* ids, int64_t C, int piece, LayerCaches& caches,
+                Out out, Scored scored) {
+  for (int64_t begin = 0; begin < C; begin += piece) {
+    const int n = int(std::min<int64_t>(piece, C - begin));
+    Model::Chunk c{ids + begin, n, &caches, out(begin), true};
+    model.forward({&c, 1});
+    scored(begin, n);
+  }
+}
+
 }  // namespace
 
 PerplexityResult run_perplexity(
@@ -127,12 +140,11 @@ PerplexityResult run_perplexity(
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     const int32_t* ids = tokens.data() + chunk * C;
     LayerCaches dense = caches_for(model, options, ResolvedKV{});
-    for (int64_t begin = 0; begin < C; begin += piece) {
-      const int n = int(std::min<int64_t>(piece, C - begin));
-      Model::Chunk c{ids + begin, n, &dense, logits.data(), true};
-      model.forward({&c, 1});
-      score_logits(logits.data(), nullptr, ids + begin + 1, n, V, result.stats);
-    }
+    feed_chunk(
+        model, ids, C, piece, dense, [&](int64_t) { return logits.data(); },
+        [&](int64_t begin, int n) {
+          score_logits(logits.data(), nullptr, ids + begin + 1, n, V, result.stats);
+        });
     if (progress) progress(chunk + 1, chunks, result.stats);
   }
   return result;
@@ -168,11 +180,9 @@ std::vector<PerplexityResult> run_perplexity_sweep(
     const int32_t* ids = tokens.data() + chunk * C;
     {
       LayerCaches dense = caches_for(model, options, ResolvedKV{});
-      for (int64_t begin = 0; begin < C; begin += piece) {
-        const int n = int(std::min<int64_t>(piece, C - begin));
-        Model::Chunk c{ids + begin, n, &dense, &dense_logits[begin * V], true};
-        model.forward({&c, 1});
-      }
+      feed_chunk(
+          model, ids, C, piece, dense, [&](int64_t begin) { return &dense_logits[begin * V]; },
+          [](int64_t, int) {});
     }
     for (size_t j = 0; j < kvs.size(); ++j) {
       const int n_first = int(std::min<int64_t>(piece, C));
@@ -189,13 +199,12 @@ std::vector<PerplexityResult> run_perplexity_sweep(
         results[j].kv_layer_bits = layer_bits_text(kv.layer_bits);
       }
       LayerCaches quant = caches_for(model, options, kv);
-      for (int64_t begin = 0; begin < C; begin += piece) {
-        const int n = int(std::min<int64_t>(piece, C - begin));
-        Model::Chunk c{ids + begin, n, &quant, logits.data(), true};
-        model.forward({&c, 1});
-        score_logits(logits.data(), &dense_logits[begin * V], ids + begin + 1, n, V,
-                     results[j].stats);
-      }
+      feed_chunk(
+          model, ids, C, piece, quant, [&](int64_t) { return logits.data(); },
+          [&](int64_t begin, int n) {
+            score_logits(logits.data(), &dense_logits[begin * V], ids + begin + 1, n, V,
+                         results[j].stats);
+          });
       sizes[j].add(quant);
     }
     if (progress) progress(chunk + 1, chunks, results);
