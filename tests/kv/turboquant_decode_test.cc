@@ -234,10 +234,10 @@ double root_sum_square(const std::vector<double>& x) {
 }
 
 // Configurations the decode kernel takes (one segment of 1..4 bits per tensor) with a tensor
-// of 3 or 4 bits, the ones with 8-bit products.
+// of 2, 3 or 4 bits, the ones with 8-bit products.
 bool takes_int8(const TurboQuantKVConfig& c) {
   auto fused = [](double bits) { return bits == 1 || bits == 2 || bits == 3 || bits == 4; };
-  auto int8 = [](double bits) { return bits == 3 || bits == 4; };
+  auto int8 = [](double bits) { return bits == 2 || bits == 3 || bits == 4; };
   return fused(c.key_bits) && fused(c.value_bits) && (int8(c.key_bits) || int8(c.value_bits));
 }
 

@@ -13,10 +13,9 @@
 // Two kinds of products (code_products(), attention_codes.h):
 //   exact: fp32 multiply-adds on the exact codebook values, as above, so the result equals
 //     the reference on the dequantized cache up to float rounding (the tile path's tolerance);
-//   int8 (the default): tensors of 3 or 4 bits with head_dim % 64 == 0 (int8_eligible) are
+//   int8 (the default): tensors of 2, 3 or 4 bits with head_dim % 64 == 0 (int8_eligible) are
 //     looked up as bytes and multiplied in 8 bits (below, "8-bit products"); steps 1 and 3
-//     become integer dot products, step 2 is unchanged. Tensors of 1-2 bits stay exact (one
-//     vpermps per 8 codes is already cheap).
+//     become integer dot products, step 2 is unchanged. 1-bit tensors stay exact.
 // Other codecs (split k + 0.5 bits, more than 4 bits, head_dim % 8 != 0) take the tile path of
 // attention_core.h.
 //
@@ -394,14 +393,17 @@ inline void decode_norms(const uint16_t* norms, int n, float scale, float* out) 
   for (; t < kDecodeBlock; ++t) out[t] = 0.0f;
 }
 
-// 8-bit products for 3- and 4-bit codebooks (CodeProducts::kInt8). A centroid is
+// 8-bit products for 2-, 3- and 4-bit codebooks (CodeProducts::kInt8). A centroid is
 // c_scale * c8 with |c8| <= kCentroidMax. Per token, the codes are expanded to one byte per
 // coordinate and looked up by vpshufb, 32 at a time, in a storage order of the bits
 // (storage_coordinate):
 //   4 bits: a 32-byte run h of codes gives two vectors, the low nibbles (coordinates
 //     64 h + 2 p) and the high ones (64 h + 2 p + 1);
 //   3 bits: 12 bytes give one vector of 32 codes in coordinate order (4 per 32-bit lane,
-//     spread from 12 bits to 4 bytes by shifts and masks).
+//     spread from 12 bits to 4 bytes by shifts and masks);
+//   2 bits: 16 bytes u give two vectors, fields 0 and 1 of each byte i in the low and high
+//     128-bit lane of the first (coordinates 64 u + 4 i + lane), fields 2 and 3 in the second
+//     (64 u + 4 i + 2 + lane).
 // Keys: sum_j (c8 + kKeyOffset) * q7[j] (the offset centroid is vpmaddubsw's unsigned operand,
 //   the query rounded to 7 bits, |q7| <= 63, the signed one), minus kKeyOffset * sum_j q7[j];
 //   the score is q_scale * c_scale times that.
@@ -425,10 +427,11 @@ constexpr int kInt8MaxDim = 256;  // head_dim % 64 == 0 and <= 256
 constexpr int kInt8MaxRows = 16;  // query rows of one KV head
 constexpr int kQ7 = 63;           // largest |q7|
 
-// Which tensors take the 8-bit products: keys of 3 or 4 bits; values of 4 bits, and of 3 bits
-// with VNNI. Without VNNI, 3-bit values are faster exact (one vpermps per 8 codes against the
-// byte expansion and interleave; bench attention, same run: K4/V3 2.21x vs 2.08x and K2/V3
-// 2.01x vs 1.91x dense at 16k on AVX2, equal with VNNI).
+// Which tensors take the 8-bit products: keys of 2, 3 or 4 bits; values of 2 or 4 bits, and of
+// 3 bits with VNNI. 2-bit keys: K2/V3 2.61x vs 2.18x dense exact at 16k on AVX2 (bench
+// attention, same run). Without VNNI, 3-bit values are faster exact (one vpermps per 8 codes
+// against the byte expansion and interleave; same run: K4/V3 2.21x vs 2.08x at 16k on AVX2,
+// equal with VNNI).
 inline bool int8_eligible(int bits, int d, int rows, bool values) {
   if (d % 64 != 0 || d > kInt8MaxDim || rows > kInt8MaxRows) return false;
 #if defined(__AVX512VNNI__)
@@ -436,12 +439,13 @@ inline bool int8_eligible(int bits, int d, int rows, bool values) {
 #else
   constexpr bool kValues3 = false;
 #endif
-  return bits == 4 || (bits == 3 && (!values || kValues3));
+  return bits == 4 || bits == 2 || (bits == 3 && (!values || kValues3));
 }
 
 // Coordinate of byte p (0..31) of vector v of a token's expanded codes.
 inline int storage_coordinate(int bits, int v, int p) {
   if (bits == 4) return 64 * (v / 2) + 2 * p + v % 2;
+  if (bits == 2) return 64 * (v / 2) + 4 * (p % 16) + 2 * (v % 2) + p / 16;
   return 32 * v + p;
 }
 
@@ -486,7 +490,7 @@ __attribute__((always_inline)) inline void expand_token(const uint8_t* codes, in
       out[2 * h + 1] =
           _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(c, 4), low4));
     }
-  } else {
+  } else if constexpr (B == 3) {
     // 32 codes (12 bytes) per vector, in order: dword L takes the two bytes holding codes
     // 4L..4L+3 (bit 12L), vpsrlvd drops the half byte of odd L, and the four 3-bit fields
     // move to the four bytes by shifts and masks (no multiply: the multiply ports are the
@@ -506,6 +510,20 @@ __attribute__((always_inline)) inline void expand_token(const uint8_t* codes, in
                                         _mm256_and_si256(_mm256_slli_epi32(x, 10), high6));
       const __m256i idx = _mm256_and_si256(_mm256_or_si256(t, _mm256_slli_epi32(t, 5)), low3);
       out[v] = _mm256_shuffle_epi8(table, idx);
+    }
+  } else {
+    static_assert(B == 2, "2, 3 or 4 bits");
+    // 16 bytes hold 64 codes, code 4 i + f in bits 2 f of byte i: broadcast to both lanes,
+    // the high lane shifted 2 bits further, they give fields (0 | 1) and (2 | 3).
+    const __m256i lane_shift = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
+    const __m256i low2 = _mm256_set1_epi8(0x03);
+    for (int u = 0; u < d / 64; ++u) {
+      const __m256i x = _mm256_srlv_epi32(
+          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16 * u))),
+          lane_shift);
+      out[2 * u] = _mm256_shuffle_epi8(table, _mm256_and_si256(x, low2));
+      out[2 * u + 1] =
+          _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi32(x, 4), low2));
     }
   }
 }
@@ -529,8 +547,10 @@ inline void expand_block(const Int8Codebook& book, int bits, const uint8_t* code
                          int d, int n, uint8_t* looked) {
   if (bits == 4) {
     expand_block_bits<4>(book, codes, stride, d, n, looked);
-  } else {
+  } else if (bits == 3) {
     expand_block_bits<3>(book, codes, stride, d, n, looked);
+  } else {
+    expand_block_bits<2>(book, codes, stride, d, n, looked);
   }
 }
 
@@ -541,14 +561,14 @@ struct Int8Queries {
   int32_t offset[kInt8MaxRows];  // kKeyOffset * sum_j q7[j]
 };
 
-// order[bits == 3][i] = storage_coordinate(bits, i / 32, i % 32): which coordinate goes to
+// order[bits - 2][i] = storage_coordinate(bits, i / 32, i % 32): which coordinate goes to
 // storage position i (the same for every d that is a multiple of 64).
 struct StorageOrder {
-  uint8_t order[2][kInt8MaxDim];
+  uint8_t order[3][kInt8MaxDim];
   StorageOrder() {
-    for (int b = 0; b < 2; ++b) {
+    for (int b = 0; b < 3; ++b) {
       for (int i = 0; i < kInt8MaxDim; ++i) {
-        order[b][i] = static_cast<uint8_t>(storage_coordinate(b == 1 ? 3 : 4, i / 32, i % 32));
+        order[b][i] = static_cast<uint8_t>(storage_coordinate(b + 2, i / 32, i % 32));
       }
     }
   }
@@ -557,7 +577,7 @@ inline const StorageOrder kStorageOrder;
 
 inline void make_int8_queries(const float* q, int rows, int d, int bits, float c_scale,
                               Int8Queries& out) {
-  const uint8_t* order = kStorageOrder.order[bits == 3 ? 1 : 0];
+  const uint8_t* order = kStorageOrder.order[bits - 2];
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   for (int r = 0; r < rows; ++r) {
     const float* row = q + static_cast<int64_t>(r) * d;
