@@ -518,9 +518,8 @@ __attribute__((always_inline)) inline void expand_token(const uint8_t* codes, in
     const __m256i lane_shift = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
     const __m256i low2 = _mm256_set1_epi8(0x03);
     for (int u = 0; u < d / 64; ++u) {
-      const __m256i x = _mm256_srlv_epi32(
-          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16 * u))),
-          lane_shift);
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16 * u));
+      const __m256i x = _mm256_srlv_epi32(_mm256_broadcastsi128_si256(bytes), lane_shift);
       out[2 * u] = _mm256_shuffle_epi8(table, _mm256_and_si256(x, low2));
       out[2 * u + 1] =
           _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi32(x, 4), low2));
