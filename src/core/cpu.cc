@@ -69,6 +69,8 @@ const char* cpu_feature_names() {
         {"avx512vl", __builtin_cpu_supports("avx512vl")},
         {"avx512dq", __builtin_cpu_supports("avx512dq")},
         {"avx512vbmi", __builtin_cpu_supports("avx512vbmi")},
+        {"avx512vnni", __builtin_cpu_supports("avx512vnni")},
+        {"avxvnni", __builtin_cpu_supports("avxvnni")},
     };
     for (const auto& [name, present] : features) {
       if (!present) continue;

@@ -13,7 +13,9 @@ bool cpu_has_avx2();
 // True when cpu_has_avx2() and the CPU and OS support AVX-512 F, BW, VL and DQ, unless
 // TURBOKV_FORCE_AVX2 is set.
 bool cpu_has_avx512();
-// The x86 SIMD features kernels look at, as "avx2 fma f16c avx512f ..." (those present; "none").
+// The x86 SIMD features kernels look at or a benchmark reader needs, as "avx2 fma f16c
+// avx512f ..." (those present; "none"). avxvnni (256-bit VNNI without AVX-512) is reported,
+// no kernel uses it.
 const char* cpu_feature_names();
 
 }  // namespace turbokv
