@@ -399,8 +399,8 @@ inline void decode_norms(const uint16_t* norms, int n, float scale, float* out) 
 // (storage_coordinate):
 //   4 bits: a 32-byte run h of codes gives two vectors, the low nibbles (coordinates
 //     64 h + 2 p) and the high ones (64 h + 2 p + 1);
-//   3 bits: 12 bytes give one vector of 32 codes in coordinate order (4 per 32-bit lane,
-//     spread from 12 bits to 4 bytes by shifts and masks);
+//   3 bits: 12 bytes give one vector of 32 codes, one per 16-bit word in two vectors first
+//     (codes j and j + 8 share a dword and its shift), then packed to bytes;
 //   2 bits: 16 bytes u give two vectors, fields 0 and 1 of each byte i in the low and high
 //     128-bit lane of the first (coordinates 64 u + 4 i + lane), fields 2 and 3 in the second
 //     (64 u + 4 i + 2 + lane).
@@ -446,7 +446,10 @@ inline bool int8_eligible(int bits, int d, int rows, bool values) {
 inline int storage_coordinate(int bits, int v, int p) {
   if (bits == 4) return 64 * (v / 2) + 2 * p + v % 2;
   if (bits == 2) return 64 * (v / 2) + 4 * (p % 16) + 2 * (v % 2) + p / 16;
-  return 32 * v + p;
+  // 3 bits: byte p = 16 lane + 8 half + 2 m + w is word 2 m + w of 128-bit lane `lane` of
+  // word vector `half`, code 16 half + 4 lane + m + 8 w of the 32.
+  const int lane = p / 16, half = (p % 16) / 8, m = (p % 8) / 2, w = p % 2;
+  return 32 * v + 16 * half + 4 * lane + m + 8 * w;
 }
 
 struct Int8Codebook {
@@ -491,25 +494,24 @@ __attribute__((always_inline)) inline void expand_token(const uint8_t* codes, in
           _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(c, 4), low4));
     }
   } else if constexpr (B == 3) {
-    // 32 codes (12 bytes) per vector, in order: dword L takes the two bytes holding codes
-    // 4L..4L+3 (bit 12L), vpsrlvd drops the half byte of odd L, and the four 3-bit fields
-    // move to the four bytes by shifts and masks (no multiply: the multiply ports are the
-    // AVX2 kernel's bound).
-    const __m256i gather = _mm256_setr_epi8(0, 1, -1, -1, 1, 2, -1, -1, 3, 4, -1, -1, 4, 5, -1, -1,
-                                            6, 7, -1, -1, 7, 8, -1, -1, 9, 10, -1, -1, 10, 11, -1,
-                                            -1);
-    const __m256i half = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
-    const __m256i low6 = _mm256_set1_epi32(0x3F), high6 = _mm256_set1_epi32(0x3F0000);
-    const __m256i low3 = _mm256_set1_epi8(0x07);
+    // 32 codes (12 bytes) per vector: two vectors of 16-bit words, one code per word. A
+    // dword holds codes j and j + 8 (24 bits apart, so at the same bit offset in their bytes):
+    // vpshufb puts the two bytes that hold each code in its word, one vpsrlvd per dword
+    // aligns both, a mask keeps 3 bits, and vpackuswb joins the two vectors (byte order in
+    // storage_coordinate). No multiply: the multiply ports are the AVX2 kernel's bound.
+    const __m256i gather0 = _mm256_setr_epi8(0, 1, 3, 4, 0, 1, 3, 4, 0, 1, 3, 4, 1, 2, 4, 5,  //
+                                             1, 2, 4, 5, 1, 2, 4, 5, 2, 3, 5, 6, 2, 3, 5, 6);
+    const __m256i gather1 = _mm256_add_epi8(gather0, _mm256_set1_epi8(6));  // codes 16..31
+    const __m256i shifts = _mm256_setr_epi32(0, 3, 6, 1, 4, 7, 2, 5);
+    const __m256i low3 = _mm256_set1_epi16(0x07);
     for (int v = 0; v < d / 32; ++v) {
       const __m256i bytes = _mm256_broadcastsi128_si256(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 12 * v)));
-      const __m256i x = _mm256_srlv_epi32(_mm256_shuffle_epi8(bytes, gather), half);
-      // codes 0, 1 stay in bits 0..5, codes 2, 3 go to bits 16..21; then each pair splits.
-      const __m256i t = _mm256_or_si256(_mm256_and_si256(x, low6),
-                                        _mm256_and_si256(_mm256_slli_epi32(x, 10), high6));
-      const __m256i idx = _mm256_and_si256(_mm256_or_si256(t, _mm256_slli_epi32(t, 5)), low3);
-      out[v] = _mm256_shuffle_epi8(table, idx);
+      const __m256i w0 = _mm256_and_si256(
+          _mm256_srlv_epi32(_mm256_shuffle_epi8(bytes, gather0), shifts), low3);
+      const __m256i w1 = _mm256_and_si256(
+          _mm256_srlv_epi32(_mm256_shuffle_epi8(bytes, gather1), shifts), low3);
+      out[v] = _mm256_shuffle_epi8(table, _mm256_packus_epi16(w0, w1));
     }
   } else {
     static_assert(B == 2, "2, 3 or 4 bits");
@@ -527,11 +529,14 @@ __attribute__((always_inline)) inline void expand_token(const uint8_t* codes, in
   }
 }
 
-// Every token of the block expanded: looked[t * d ...], zero past n.
+// Every token of the block expanded: looked[t * d ...], zero past n. Line t of the
+// `ahead` bytes at `next` (the tensor's next block) is prefetched with token t: one line per
+// token instead of a burst per block, which stalls on the outstanding misses.
 template <int B>
 inline void expand_block_bits(const Int8Codebook& book, const uint8_t* codes, size_t stride,
-                              int d, int n, uint8_t* looked) {
+                              int d, int n, uint8_t* looked, const uint8_t* next, size_t ahead) {
   for (int t = 0; t < kDecodeBlock; ++t) {
+    if (size_t(64) * t < ahead) __builtin_prefetch(next + 64 * t, 0, 3);
     __m256i* out = reinterpret_cast<__m256i*>(looked + t * d);
     if (t < n) {
       expand_token<B>(codes + t * stride, d, book.table, out);
@@ -543,13 +548,13 @@ inline void expand_block_bits(const Int8Codebook& book, const uint8_t* codes, si
 
 // The same for a tensor of `bits` (3 or 4).
 inline void expand_block(const Int8Codebook& book, int bits, const uint8_t* codes, size_t stride,
-                         int d, int n, uint8_t* looked) {
+                         int d, int n, uint8_t* looked, const uint8_t* next, size_t ahead) {
   if (bits == 4) {
-    expand_block_bits<4>(book, codes, stride, d, n, looked);
+    expand_block_bits<4>(book, codes, stride, d, n, looked, next, ahead);
   } else if (bits == 3) {
-    expand_block_bits<3>(book, codes, stride, d, n, looked);
+    expand_block_bits<3>(book, codes, stride, d, n, looked, next, ahead);
   } else {
-    expand_block_bits<2>(book, codes, stride, d, n, looked);
+    expand_block_bits<2>(book, codes, stride, d, n, looked, next, ahead);
   }
 }
 
@@ -684,6 +689,18 @@ inline int value_coordinate(int bits, int g, int lane) {
   return storage_coordinate(bits, g / 4, value_byte(g % 4, lane));
 }
 
+// Vectors x0..x3 of 4 tokens interleaved byte by byte: dword lane L of out[k] holds byte
+// value_byte(k, L) of each.
+__attribute__((always_inline)) inline void interleave_quad(__m256i x0, __m256i x1, __m256i x2,
+                                                           __m256i x3, __m256i* out) {
+  const __m256i lo01 = _mm256_unpacklo_epi8(x0, x1), hi01 = _mm256_unpackhi_epi8(x0, x1);
+  const __m256i lo23 = _mm256_unpacklo_epi8(x2, x3), hi23 = _mm256_unpackhi_epi8(x2, x3);
+  out[0] = _mm256_unpacklo_epi16(lo01, lo23);
+  out[1] = _mm256_unpackhi_epi16(lo01, lo23);
+  out[2] = _mm256_unpacklo_epi16(hi01, hi23);
+  out[3] = _mm256_unpackhi_epi16(hi01, hi23);
+}
+
 // The expanded values of the block (looked, [kDecodeBlock][d]) with 4 tokens interleaved byte
 // by byte: out[quad * (d / 8) + g], g = 4 v + k.
 inline void interleave_values(const uint8_t* looked, int d, __m256i* out) {
@@ -695,12 +712,41 @@ inline void interleave_values(const uint8_t* looked, int d, __m256i* out) {
       const __m256i x0 = _mm256_load_si256(x + v), x1 = _mm256_load_si256(x + vectors + v);
       const __m256i x2 = _mm256_load_si256(x + 2 * vectors + v);
       const __m256i x3 = _mm256_load_si256(x + 3 * vectors + v);
-      const __m256i lo01 = _mm256_unpacklo_epi8(x0, x1), hi01 = _mm256_unpackhi_epi8(x0, x1);
-      const __m256i lo23 = _mm256_unpacklo_epi8(x2, x3), hi23 = _mm256_unpackhi_epi8(x2, x3);
-      o[4 * v + 0] = _mm256_unpacklo_epi16(lo01, lo23);
-      o[4 * v + 1] = _mm256_unpackhi_epi16(lo01, lo23);
-      o[4 * v + 2] = _mm256_unpacklo_epi16(hi01, hi23);
-      o[4 * v + 3] = _mm256_unpackhi_epi16(hi01, hi23);
+      interleave_quad(x0, x1, x2, x3, o + 4 * v);
+    }
+  }
+}
+
+// The same for 4-bit values straight from the codes: the code bytes of 4 tokens are
+// interleaved first (half the bytes of the expanded ones), then split into nibbles and looked
+// up; the lookup works byte by byte, so the result equals interleave_values of the expanded
+// block. Tokens past n read as code 0 (their weights are 0). Line t of `ahead` bytes at
+// `next` is prefetched with token t, as in expand_block_bits.
+inline void interleave_values_4bit(const Int8Codebook& book, const uint8_t* codes, size_t stride,
+                                   int d, int n, const uint8_t* next, size_t ahead,
+                                   __m256i* out) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  for (int quad = 0; quad < kDecodeBlock / 4; ++quad) {
+    for (int i = 0; i < 4; ++i) {
+      const size_t line = size_t(64) * (4 * quad + i);
+      if (line < ahead) __builtin_prefetch(next + line, 0, 3);
+    }
+    __m256i* o = out + quad * (d / 8);
+    for (int h = 0; h < d / 64; ++h) {
+      __m256i x[4];
+      for (int i = 0; i < 4; ++i) {
+        const int t = 4 * quad + i;
+        x[i] = t < n ? _mm256_loadu_si256(
+                           reinterpret_cast<const __m256i*>(codes + t * stride + 32 * h))
+                     : _mm256_setzero_si256();
+      }
+      __m256i r[4];
+      interleave_quad(x[0], x[1], x[2], x[3], r);
+      for (int k = 0; k < 4; ++k) {
+        o[8 * h + k] = _mm256_shuffle_epi8(book.table, _mm256_and_si256(r[k], low4));
+        o[8 * h + 4 + k] =
+            _mm256_shuffle_epi8(book.table, _mm256_and_si256(_mm256_srli_epi16(r[k], 4), low4));
+      }
     }
   }
 }
@@ -775,12 +821,25 @@ inline void accumulate_block_int8(const Int8Codebook& book, const __m256i* inter
   }
 }
 
+// order[bits - 2][i] = value_coordinate(bits, i / 8, i % 8): the coordinate of position i of
+// the interleaved sums (the same for every d that is a multiple of 64).
+struct ValueOrder {
+  uint8_t order[3][kInt8MaxDim];
+  ValueOrder() {
+    for (int b = 0; b < 3; ++b) {
+      for (int i = 0; i < kInt8MaxDim; ++i) {
+        order[b][i] = static_cast<uint8_t>(value_coordinate(b + 2, i / 8, i % 8));
+      }
+    }
+  }
+};
+inline const ValueOrder kValueOrder;
+
 // Row acc (d floats) from the interleaved order back to coordinate order.
 inline void values_to_coordinate_order(float* acc, int d, int bits) {
+  const uint8_t* order = kValueOrder.order[bits - 2];
   alignas(32) float natural[kInt8MaxDim];
-  for (int g = 0; g < d / 8; ++g) {
-    for (int lane = 0; lane < 8; ++lane) natural[value_coordinate(bits, g, lane)] = acc[8 * g + lane];
-  }
+  for (int i = 0; i < d; ++i) natural[order[i]] = acc[i];
   std::memcpy(acc, natural, sizeof(float) * d);
 }
 
@@ -819,22 +878,31 @@ void decode_item(const TurboQuantKVView& kv, const VectorDecoder& key_decoder,
     const int n = static_cast<int>(std::min<int64_t>(kDecodeBlock, k_end - t0));
     // The next block's key and value codes, one block ahead: 5-12% at 16k-64k tokens with the
     // 8-bit products, up to 3% with the exact ones (bench attention, AVX2); further ahead
-    // measured slower.
+    // measured slower. A tensor with the 8-bit products prefetches inside its expansion, a
+    // line per token (about 3% more at 16k on AVX2 than the burst before the block).
     const int64_t next = t0 + kDecodeBlock;
-    if (next < k_end) {
-      const int m = static_cast<int>(std::min<int64_t>(kDecodeBlock, k_end - next));
-      prefetch_bytes(keys.codes + next * keys.code_bytes, m * keys.code_bytes);
-      prefetch_bytes(values.codes + next * values.code_bytes, m * values.code_bytes);
-    }
+    const int ahead = static_cast<int>(std::clamp<int64_t>(k_end - next, 0, kDecodeBlock));
     const uint8_t* key_codes = keys.codes + t0 * keys.code_bytes;
     const uint8_t* value_codes = values.codes + t0 * values.code_bytes;
+    const uint8_t* next_keys = ahead > 0 ? key_codes + kDecodeBlock * keys.code_bytes : nullptr;
+    const uint8_t* next_values =
+        ahead > 0 ? value_codes + kDecodeBlock * values.code_bytes : nullptr;
+    if (!keys_int8) prefetch_bytes(next_keys, ahead * keys.code_bytes);
+    if (!values_int8) prefetch_bytes(next_values, ahead * values.code_bytes);
     decode_norms(keys.norms + t0, n, p.scale, key_scale);
     decode_norms(values.norms + t0, n, 1.0f, value_scale);
-    if (values_int8) {
-      expand_block(value_book, values.bits, value_codes, values.code_bytes, d, n, looked);
+    if (values_int8 && values.bits == 4) {
+      interleave_values_4bit(value_book, value_codes, values.code_bytes, d, n, next_values,
+                             ahead * values.code_bytes, interleaved);
+    } else if (values_int8) {
+      expand_block(value_book, values.bits, value_codes, values.code_bytes, d, n, looked,
+                   next_values, ahead * values.code_bytes);
       interleave_values(looked, d, interleaved);
     }
-    if (keys_int8) expand_block(key_book, keys.bits, key_codes, keys.code_bytes, d, n, looked);
+    if (keys_int8) {
+      expand_block(key_book, keys.bits, key_codes, keys.code_bytes, d, n, looked, next_keys,
+                   ahead * keys.code_bytes);
+    }
     for (int r0 = 0; r0 < group; r0 += kMaxDecodeRows) {
       const int rows = std::min(kMaxDecodeRows, group - r0);
       const float* q_rows = q + static_cast<int64_t>(r0) * d;
