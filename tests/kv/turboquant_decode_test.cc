@@ -206,7 +206,7 @@ TEST(TurboQuantDecode, ResultsDoNotDependOnThreadCount) {
 // codec's own error (the exact path against the double reference on the original fp32 keys
 // and values) on the same rows, for each ISA (AVX2's 7-bit centroids, VNNI's 8-bit ones).
 // Measured: worst row 7.4e-2 on the random peaked cases; on real q/k/v an RMS row error of up
-// to 1.7% against the codec's 10-43%, at most 15% of it (AVX2; 13% with VNNI). The two add in
+// to 1.9% against the codec's 10-43%, at most 15% of it (AVX2; 13% with VNNI). The two add in
 // quadrature: the total error grows by about 1%.
 constexpr double kInt8RowTolerance = 0.1;    // worst row, random peaked cases
 constexpr double kInt8CodecFraction = 0.2;  // root-sum-square over rows, real q/k/v

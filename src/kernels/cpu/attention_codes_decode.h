@@ -427,19 +427,13 @@ constexpr int kInt8MaxDim = 256;  // head_dim % 64 == 0 and <= 256
 constexpr int kInt8MaxRows = 16;  // query rows of one KV head
 constexpr int kQ7 = 63;           // largest |q7|
 
-// Which tensors take the 8-bit products: keys of 2, 3 or 4 bits; values of 2 or 4 bits, and of
-// 3 bits with VNNI. 2-bit keys: K2/V3 2.61x vs 2.18x dense exact at 16k on AVX2 (bench
-// attention, same run). Without VNNI, 3-bit values are faster exact (one vpermps per 8 codes
-// against the byte expansion and interleave; same run: K4/V3 2.21x vs 2.08x at 16k on AVX2,
-// equal with VNNI).
-inline bool int8_eligible(int bits, int d, int rows, bool values) {
+// Which tensors take the 8-bit products: keys and values of 2, 3 or 4 bits. 2-bit keys: K2/V3
+// 2.61x vs 2.18x dense exact at 16k on AVX2 (bench attention, same run). 3-bit values, since
+// their expansion takes 8 operations per 32 codes: K2/V3 2.54-2.60x against 2.25-2.38x with
+// them exact, K4/V3 2.39-2.59x against 2.25-2.34x, at 16k and 64k on AVX2 (alternating runs).
+inline bool int8_eligible(int bits, int d, int rows) {
   if (d % 64 != 0 || d > kInt8MaxDim || rows > kInt8MaxRows) return false;
-#if defined(__AVX512VNNI__)
-  constexpr bool kValues3 = true;
-#else
-  constexpr bool kValues3 = false;
-#endif
-  return bits == 4 || bits == 2 || (bits == 3 && (!values || kValues3));
+  return bits == 2 || bits == 3 || bits == 4;
 }
 
 // Coordinate of byte p (0..31) of vector v of a token's expanded codes.
@@ -861,8 +855,8 @@ void decode_item(const TurboQuantKVView& kv, const VectorDecoder& key_decoder,
   alignas(32) float key_scale[kDecodeBlock];  // attention scale * key norm
   alignas(32) float value_scale[kDecodeBlock];
   const bool int8 = code_products() == CodeProducts::kInt8;
-  const bool keys_int8 = int8 && int8_eligible(keys.bits, d, group, false);
-  const bool values_int8 = int8 && int8_eligible(values.bits, d, group, true);
+  const bool keys_int8 = int8 && int8_eligible(keys.bits, d, group);
+  const bool values_int8 = int8 && int8_eligible(values.bits, d, group);
   Int8Codebook key_book, value_book;
   Int8Queries q8;
   alignas(32) uint8_t looked[kDecodeBlock * kInt8MaxDim];  // expanded keys, then values
