@@ -559,19 +559,21 @@ struct Int8Queries {
   int32_t offset[kInt8MaxRows];  // kKeyOffset * sum_j q7[j]
 };
 
-// order[bits - 2][i] = storage_coordinate(bits, i / 32, i % 32): which coordinate goes to
-// storage position i (the same for every d that is a multiple of 64).
-struct StorageOrder {
+// order[bits - 2][i] = coordinate(bits, i) for bits 2..4, i < kInt8MaxDim: a permutation of
+// the coordinates that is the same for every d that is a multiple of 64.
+struct CoordinateOrder {
   uint8_t order[3][kInt8MaxDim];
-  StorageOrder() {
+  explicit CoordinateOrder(int (*coordinate)(int bits, int i)) {
     for (int b = 0; b < 3; ++b) {
       for (int i = 0; i < kInt8MaxDim; ++i) {
-        order[b][i] = static_cast<uint8_t>(storage_coordinate(b + 2, i / 32, i % 32));
+        order[b][i] = static_cast<uint8_t>(coordinate(b + 2, i));
       }
     }
   }
 };
-inline const StorageOrder kStorageOrder;
+// Which coordinate goes to storage position i.
+inline const CoordinateOrder kStorageOrder(
+    [](int bits, int i) { return storage_coordinate(bits, i / 32, i % 32); });
 
 inline void make_int8_queries(const float* q, int rows, int d, int bits, float c_scale,
                               Int8Queries& out) {
@@ -815,19 +817,9 @@ inline void accumulate_block_int8(const Int8Codebook& book, const __m256i* inter
   }
 }
 
-// order[bits - 2][i] = value_coordinate(bits, i / 8, i % 8): the coordinate of position i of
-// the interleaved sums (the same for every d that is a multiple of 64).
-struct ValueOrder {
-  uint8_t order[3][kInt8MaxDim];
-  ValueOrder() {
-    for (int b = 0; b < 3; ++b) {
-      for (int i = 0; i < kInt8MaxDim; ++i) {
-        order[b][i] = static_cast<uint8_t>(value_coordinate(b + 2, i / 8, i % 8));
-      }
-    }
-  }
-};
-inline const ValueOrder kValueOrder;
+// The coordinate of position i of the interleaved value sums.
+inline const CoordinateOrder kValueOrder(
+    [](int bits, int i) { return value_coordinate(bits, i / 8, i % 8); });
 
 // Row acc (d floats) from the interleaved order back to coordinate order.
 inline void values_to_coordinate_order(float* acc, int d, int bits) {
