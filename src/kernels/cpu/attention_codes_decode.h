@@ -540,7 +540,7 @@ inline void expand_block_bits(const Int8Codebook& book, const uint8_t* codes, si
   }
 }
 
-// The same for a tensor of `bits` (3 or 4).
+// The same for a tensor of `bits` (2, 3 or 4).
 inline void expand_block(const Int8Codebook& book, int bits, const uint8_t* codes, size_t stride,
                          int d, int n, uint8_t* looked, const uint8_t* next, size_t ahead) {
   if (bits == 4) {
