@@ -523,14 +523,20 @@ __attribute__((always_inline)) inline void expand_token(const uint8_t* codes, in
   }
 }
 
-// Every token of the block expanded: looked[t * d ...], zero past n. Line t of the
-// `ahead` bytes at `next` (the tensor's next block) is prefetched with token t: one line per
-// token instead of a burst per block, which stalls on the outstanding misses.
+// Line t of the `ahead` bytes at `next` (a tensor's next block), if there is one: issued with
+// token t of the current block, one line per token instead of a burst per block, which stalls
+// on the outstanding misses.
+inline void prefetch_line(const uint8_t* next, size_t ahead, int t) {
+  if (size_t(64) * t < ahead) __builtin_prefetch(next + size_t(64) * t, 0, 3);
+}
+
+// Every token of the block expanded: looked[t * d ...], zero past n; prefetch_line(t) with
+// token t.
 template <int B>
 inline void expand_block_bits(const Int8Codebook& book, const uint8_t* codes, size_t stride,
                               int d, int n, uint8_t* looked, const uint8_t* next, size_t ahead) {
   for (int t = 0; t < kDecodeBlock; ++t) {
-    if (size_t(64) * t < ahead) __builtin_prefetch(next + 64 * t, 0, 3);
+    prefetch_line(next, ahead, t);
     __m256i* out = reinterpret_cast<__m256i*>(looked + t * d);
     if (t < n) {
       expand_token<B>(codes + t * stride, d, book.table, out);
@@ -716,17 +722,13 @@ inline void interleave_values(const uint8_t* looked, int d, __m256i* out) {
 // The same for 4-bit values straight from the codes: the code bytes of 4 tokens are
 // interleaved first (half the bytes of the expanded ones), then split into nibbles and looked
 // up; the lookup works byte by byte, so the result equals interleave_values of the expanded
-// block. Tokens past n read as code 0 (their weights are 0). Line t of `ahead` bytes at
-// `next` is prefetched with token t, as in expand_block_bits.
+// block. Tokens past n read as code 0 (their weights are 0). prefetch_line(t) with token t.
 inline void interleave_values_4bit(const Int8Codebook& book, const uint8_t* codes, size_t stride,
                                    int d, int n, const uint8_t* next, size_t ahead,
                                    __m256i* out) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   for (int quad = 0; quad < kDecodeBlock / 4; ++quad) {
-    for (int i = 0; i < 4; ++i) {
-      const size_t line = size_t(64) * (4 * quad + i);
-      if (line < ahead) __builtin_prefetch(next + line, 0, 3);
-    }
+    for (int i = 0; i < 4; ++i) prefetch_line(next, ahead, 4 * quad + i);
     __m256i* o = out + quad * (d / 8);
     for (int h = 0; h < d / 64; ++h) {
       __m256i x[4];
