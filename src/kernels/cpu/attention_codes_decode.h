@@ -267,28 +267,34 @@ inline void accumulate_block(const CodeTable& table, const uint8_t* codes, size_
   }
 }
 
+// Calls fn.template operator()<R>() for rows in 1..kMaxDecodeRows.
+template <class Fn>
+void dispatch_rows(int rows, Fn&& fn) {
+  switch (rows) {
+    case 1:
+      return fn.template operator()<1>();
+    case 2:
+      return fn.template operator()<2>();
+    case 3:
+      return fn.template operator()<3>();
+    case 4:
+      return fn.template operator()<4>();
+    case 5:
+      return fn.template operator()<5>();
+    case 6:
+      return fn.template operator()<6>();
+    case 7:
+      return fn.template operator()<7>();
+    default:
+      return fn.template operator()<8>();
+  }
+}
+
 // Calls fn.template operator()<B, R>() for bits in 1..4 and rows in 1..kMaxDecodeRows.
 template <class Fn>
 void dispatch_decode(int bits, int rows, Fn&& fn) {
   auto with_rows = [&]<int B>() {
-    switch (rows) {
-      case 1:
-        return fn.template operator()<B, 1>();
-      case 2:
-        return fn.template operator()<B, 2>();
-      case 3:
-        return fn.template operator()<B, 3>();
-      case 4:
-        return fn.template operator()<B, 4>();
-      case 5:
-        return fn.template operator()<B, 5>();
-      case 6:
-        return fn.template operator()<B, 6>();
-      case 7:
-        return fn.template operator()<B, 7>();
-      default:
-        return fn.template operator()<B, 8>();
-    }
+    return dispatch_rows(rows, [&]<int R>() { return fn.template operator()<B, R>(); });
   };
   switch (bits) {
     case 1:
@@ -309,56 +315,72 @@ inline float max_lanes(__m256 v) {
   return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
 }
 
-// Row r of the block: s = scores * key_scale (soft-capped; -inf past n), folded into the
-// online softmax of state row `row`; w = exp(s - m) * value_scale. scores, w: kDecodeBlock
-// floats; acc of the row rescaled when its max grows.
-inline void softmax_block_row(float* scores, const float* key_scale, const float* value_scale,
-                              int n, float softcap, SoftmaxStates& state, int row, float* w) {
+// Rows r0 .. r0 + R - 1 of the block (scores and w: [R][kDecodeBlock]): s = scores * key_scale
+// (soft-capped; -inf past n), folded into the online softmax of each state row; w = exp(s - m) *
+// value_scale; acc of a row rescaled when its max grows. The rows go through each step together,
+// so their reductions and exps overlap instead of forming one dependency chain per row.
+template <int R>
+__attribute__((always_inline)) inline void softmax_block_rows(float* scores,
+                                                              const float* key_scale,
+                                                              const float* value_scale, int n,
+                                                              float softcap, SoftmaxStates& state,
+                                                              int r0, float* w) {
   constexpr int kVectors = kDecodeBlock / 8;
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  __m256 s[kVectors];
-  for (int i = 0; i < kVectors; ++i) {
-    s[i] = _mm256_mul_ps(_mm256_loadu_ps(scores + 8 * i), _mm256_loadu_ps(key_scale + 8 * i));
-  }
   if (softcap > 0) {
-    alignas(32) float x[kDecodeBlock];
-    for (int i = 0; i < kVectors; ++i) _mm256_store_ps(x + 8 * i, s[i]);
-    for (int t = 0; t < n; ++t) x[t] = softcap * std::tanh(x[t] / softcap);
-    for (int i = 0; i < kVectors; ++i) s[i] = _mm256_load_ps(x + 8 * i);
-  }
-  if (n < kDecodeBlock) {  // the last block: keys past n do not exist
-    const __m256 lanes = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
-    for (int i = 0; i < kVectors; ++i) {
-      const __m256 past = _mm256_cmp_ps(_mm256_add_ps(lanes, _mm256_set1_ps(float(8 * i))),
-                                        _mm256_set1_ps(float(n)), _CMP_GE_OQ);
-      s[i] = _mm256_blendv_ps(s[i], _mm256_set1_ps(neg_inf), past);
+    for (int r = 0; r < R; ++r) {
+      float* x = scores + r * kDecodeBlock;
+      for (int t = 0; t < n; ++t) x[t] = softcap * std::tanh(x[t] * key_scale[t] / softcap);
     }
   }
-  __m256 block_max = s[0];
-  for (int i = 1; i < kVectors; ++i) block_max = _mm256_max_ps(block_max, s[i]);
-  const float new_max = max_lanes(block_max);
-  float& m = state.m[row];
-  float& l = state.l[row];
-  if (new_max > m) {
-    if (m != neg_inf) {  // rescale what the row holds (nothing before its first key)
-      const float alpha = std::exp(m - new_max);
-      l *= alpha;
-      float* acc = &state.acc[static_cast<size_t>(row) * state.d];
-      const __m256 va = _mm256_set1_ps(alpha);
-      for (int c = 0; c < state.d; c += 8) {
-        _mm256_storeu_ps(acc + c, _mm256_mul_ps(_mm256_loadu_ps(acc + c), va));
+  __m256 s[R][kVectors];
+  float new_max[R];
+  for (int r = 0; r < R; ++r) {
+    const float* x = scores + r * kDecodeBlock;
+    for (int i = 0; i < kVectors; ++i) {
+      s[r][i] = softcap > 0 ? _mm256_loadu_ps(x + 8 * i)
+                            : _mm256_mul_ps(_mm256_loadu_ps(x + 8 * i),
+                                            _mm256_loadu_ps(key_scale + 8 * i));
+    }
+    if (n < kDecodeBlock) {  // the last block: keys past n do not exist
+      const __m256 lanes = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+      for (int i = 0; i < kVectors; ++i) {
+        const __m256 past = _mm256_cmp_ps(_mm256_add_ps(lanes, _mm256_set1_ps(float(8 * i))),
+                                          _mm256_set1_ps(float(n)), _CMP_GE_OQ);
+        s[r][i] = _mm256_blendv_ps(s[r][i], _mm256_set1_ps(neg_inf), past);
       }
     }
-    m = new_max;
+    __m256 block_max = s[r][0];
+    for (int i = 1; i < kVectors; ++i) block_max = _mm256_max_ps(block_max, s[r][i]);
+    new_max[r] = max_lanes(block_max);
   }
-  const __m256 shift = _mm256_set1_ps(m);
-  __m256 sum = _mm256_setzero_ps();
-  for (int i = 0; i < kVectors; ++i) {
-    const __m256 p = avx2::exp8_flush_underflow(_mm256_sub_ps(s[i], shift));
-    sum = _mm256_add_ps(sum, p);
-    _mm256_storeu_ps(w + 8 * i, _mm256_mul_ps(p, _mm256_loadu_ps(value_scale + 8 * i)));
+  for (int r = 0; r < R; ++r) {
+    float& m = state.m[r0 + r];
+    if (new_max[r] > m) {
+      if (m != neg_inf) {  // rescale what the row holds (nothing before its first key)
+        const float alpha = std::exp(m - new_max[r]);
+        state.l[r0 + r] *= alpha;
+        float* acc = &state.acc[static_cast<size_t>(r0 + r) * state.d];
+        const __m256 va = _mm256_set1_ps(alpha);
+        for (int c = 0; c < state.d; c += 8) {
+          _mm256_storeu_ps(acc + c, _mm256_mul_ps(_mm256_loadu_ps(acc + c), va));
+        }
+      }
+      m = new_max[r];
+    }
   }
-  l += Avx2Isa::hsum(sum);
+  __m256 sum[R];
+  for (int r = 0; r < R; ++r) {
+    const __m256 shift = _mm256_set1_ps(state.m[r0 + r]);
+    sum[r] = _mm256_setzero_ps();
+    for (int i = 0; i < kVectors; ++i) {
+      const __m256 p = avx2::exp8_flush_underflow(_mm256_sub_ps(s[r][i], shift));
+      sum[r] = _mm256_add_ps(sum[r], p);
+      _mm256_storeu_ps(w + r * kDecodeBlock + 8 * i,
+                       _mm256_mul_ps(p, _mm256_loadu_ps(value_scale + 8 * i)));
+    }
+  }
+  for (int r = 0; r < R; ++r) state.l[r0 + r] += Avx2Isa::hsum(sum[r]);
 }
 
 // One tensor of one KV head as the decode kernel reads it.
@@ -902,10 +924,10 @@ void decode_item(const TurboQuantKVView& kv, const VectorDecoder& key_decoder,
                                        scores);
         });
       }
-      for (int r = 0; r < rows; ++r) {
-        softmax_block_row(scores + r * kDecodeBlock, key_scale, value_scale, n, p.logit_softcap,
-                          state, r0 + r, weights + r * kDecodeBlock);
-      }
+      dispatch_rows(rows, [&]<int R>() {
+        softmax_block_rows<R>(scores, key_scale, value_scale, n, p.logit_softcap, state, r0,
+                              weights);
+      });
       float* acc = &state.acc[static_cast<size_t>(r0) * d];
       dispatch_decode(values.bits, rows, [&]<int B, int R>() {
         if (values_int8) {
