@@ -39,7 +39,7 @@ constexpr int kQueryBlock = 16;        // queries per work item (times G rows)
 // Keys per split when one query block covers all queries (decode): as many as give about
 // kSplitItems items over the KV heads, rounded up to kMinSplitTokens, within
 // [kMinSplitTokens, kMaxSplitTokens]. An item pays a fixed cost (queries and tables prepared,
-// cold first blocks, a state to merge serially): with 8 KV heads on 2 threads (bench attention,
+// sums reordered, a state allocated and merged): with 8 KV heads on 2 threads (bench attention,
 // AVX2) this policy ran TurboQuant 3.5 decode 1.25x / 1.33x faster at 16k / 64k keys than
 // 512-token splits did, dense f16 1.0x / 1.1x. The split depends on the problem's shape only,
 // never on the thread count; ~32 items keep up to 32 threads busy.
