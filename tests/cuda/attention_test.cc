@@ -31,6 +31,7 @@ struct Case {
   int n_q;
   int n_heads;
   int kv_heads;
+  int split_tokens = 0;  // AttentionProblem::split_tokens
 };
 
 std::string describe(const Case& c) {
@@ -38,6 +39,7 @@ std::string describe(const Case& c) {
   s << "lens";
   for (int len : c.lens) s << " " << len;
   s << ", n_q " << c.n_q << ", heads " << c.n_heads << "/" << c.kv_heads;
+  if (c.split_tokens > 0) s << ", splits of " << c.split_tokens;
   return s.str();
 }
 
@@ -75,6 +77,7 @@ std::vector<float> run_attention(const Case& c, const std::vector<float>& q, flo
   p.kv_heads = c.kv_heads;
   p.max_len = max_len(c);
   p.scale = scale;
+  p.split_tokens = c.split_tokens;
   p.programmatic_launch = programmatic;
   auto call = [&](int i, cudaStream_t stream, void* ws, size_t bytes) {
     AttentionProblem pi = p;
@@ -131,8 +134,10 @@ int blocks_for(int tokens) { return (tokens + 255) / 256; }
 
 // value_scale: multiplies the values (large ones make the kernel scale its fp16 operands).
 // key_bits / value_bits: the codec pair (a fused tile format of tq_layout.h).
-void check_turboquant(const Case& c, uint64_t seed, bool programmatic = false,
-                      float value_scale = 2.0f, int key_bits = 3, int value_bits = 4) {
+// Returns the output.
+std::vector<float> check_turboquant(const Case& c, uint64_t seed, bool programmatic = false,
+                                    float value_scale = 2.0f, int key_bits = 3,
+                                    int value_bits = 4) {
   SCOPED_TRACE(describe(c) + " K" + std::to_string(key_bits) + "/V" + std::to_string(value_bits));
   const TQDeviceCodec codec(seed, /*norm_correction=*/true, key_bits, value_bits);
   const size_t kTqRun = size_t(kTilesPerBlock) * TQTileLayout{key_bits, value_bits}.tile_bytes();
@@ -203,9 +208,11 @@ void check_turboquant(const Case& c, uint64_t seed, bool programmatic = false,
   });
   std::printf("  turboquant max row relative error %.2e\n", err);
   EXPECT_LT(err, 4e-3);  // fp16 query, centroids and probabilities
+  return out;
 }
 
-void check_dense(const Case& c, uint64_t seed, bool programmatic = false) {
+// Returns the output.
+std::vector<float> check_dense(const Case& c, uint64_t seed, bool programmatic = false) {
   SCOPED_TRACE(describe(c));
   const int batch = int(c.lens.size()), cap = max_len(c);
   const int n_blocks = blocks_for(cap + 5);  // capacity past the longest sequence
@@ -260,6 +267,7 @@ void check_dense(const Case& c, uint64_t seed, bool programmatic = false) {
   });
   std::printf("  dense max row relative error %.2e\n", err);
   EXPECT_LT(err, 3e-3);  // fp16 query and P
+  return out;
 }
 
 TEST_F(CudaAttention, TurboQuantDecodeMatchesReference) {
@@ -322,6 +330,27 @@ TEST_F(CudaAttention, DenseDecodeMatchesReference) {
 
 TEST_F(CudaAttention, DensePrefillIsCausal) {
   check_dense({{40, 100}, 7, 8, 2}, 210);
+}
+
+// Fixed split lengths (batch-invariant decoding): sequence 0's output is the same bits alone
+// and among 39 others of other lengths, where the call runs in several waves of sequences. The
+// inputs of sequence 0 are the same in both runs (it is the longest, so the layouts agree).
+TEST_F(CudaAttention, FixedSplitsGiveEachSequenceTheSameBitsInAnyBatch) {
+  Case batch{{2100}, 1, 32, 8, 1024};
+  for (int i = 1; i < 40; ++i) batch.lens.push_back(1 + (i * 397) % 2000);
+  const Case alone{{2100}, 1, 32, 8, 1024};
+  const size_t row = size_t(32) * kD;  // sequence 0's output
+  for (const auto& [kb, vb] : {std::pair{3, 4}, std::pair{4, 3}}) {
+    const std::vector<float> a = check_turboquant(alone, 170, false, 2.0f, kb, vb);
+    const std::vector<float> b = check_turboquant(batch, 170, false, 2.0f, kb, vb);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), row * sizeof(float)), 0) << "K" << kb << "/V" << vb;
+    const std::vector<float> pa = check_turboquant(alone, 171, true, 2.0f, kb, vb);
+    const std::vector<float> pb = check_turboquant(batch, 171, true, 2.0f, kb, vb);
+    EXPECT_EQ(std::memcmp(pa.data(), pb.data(), row * sizeof(float)), 0) << "PDL";
+  }
+  const std::vector<float> a = check_dense(alone, 270);
+  const std::vector<float> b = check_dense(batch, 270);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), row * sizeof(float)), 0) << "dense";
 }
 
 TEST(CudaAttentionArgs, RejectsBadShapesBeforeTouchingTheDevice) {

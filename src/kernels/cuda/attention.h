@@ -34,6 +34,12 @@ struct AttentionProblem {
   int kv_heads = 0;
   int max_len = 0;  // host-side max of seq_lens (sizes the split grid); every len >= n_q
   float scale = 0;  // score = scale * <q, k>
+  // 0: as many key splits as fill one wave of the device (their length depends on the batch and
+  // max_len). > 0 (a multiple of 32): splits of this many keys whatever the batch (more when a
+  // sequence would need over kMaxSplits), so each sequence's result does not depend on the
+  // others in the call (batch-invariant decoding); the call is then launched in as many waves
+  // of sequences as the device holds.
+  int split_tokens = 0;
   // Programmatic dependent launch (PDL): the kernel may start while the kernel before it on the
   // stream is still finishing, fills its shared-memory tables and prefetches the first cache
   // tiles to L2, and waits for that kernel to complete (griddepcontrol.wait) before it reads

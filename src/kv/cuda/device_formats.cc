@@ -45,6 +45,7 @@ AttentionProblem fused_problem(const PagedBatch& batch, const QueryRows& q,
   p.kv_heads = kv_heads;
   p.max_len = batch.max_len;
   p.scale = o.scale;
+  p.split_tokens = o.split_tokens;
   p.programmatic_launch = programmatic_launch_enabled();  // kernels/cuda/launch.h
   return p;
 }

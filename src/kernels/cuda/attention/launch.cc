@@ -1,4 +1,5 @@
-// Planning of the split-K grid (one wave of blocks on the device) and the workspace:
+// Planning of the split-K grid (one wave of blocks on the device, or fixed split lengths in
+// waves of sequences) and the workspace:
 //   [part_acc][part_ml] (params.h)
 #include <algorithm>
 
@@ -13,7 +14,27 @@ namespace {
 struct SplitPlan {
   attn::AttentionArgs args;
   size_t partials = 0;  // (sequence, kv head, row, split) tuples
+  int wave = 0;         // sequences per launch
 };
+
+// Launches `launch(args, count)` over the batch in waves of plan.wave sequences, each wave's
+// arguments offset to its first sequence (its partials reuse the start of the workspace, which
+// every launch leaves zeroed).
+template <typename Launch>
+void launch_waves(const SplitPlan& plan, const AttentionProblem& problem, Launch&& launch) {
+  const attn::AttentionArgs& a = plan.args;
+  const size_t q_stride = size_t(a.n_q) * a.n_heads * attn::kHeadDim;
+  for (int b0 = 0; b0 < problem.batch; b0 += plan.wave) {
+    attn::AttentionArgs w = a;
+    w.q = a.q + size_t(b0) * q_stride;
+    w.out = a.out + size_t(b0) * q_stride;
+    w.seq_lens = a.seq_lens + b0;
+    w.block_table = a.block_table + size_t(b0) * size_t(a.table_stride);
+    if (b0 > 0) w.timeline = nullptr;
+    launch(w, std::min(plan.wave, problem.batch - b0));
+    TURBOKV_CUDA_CHECK_LAUNCH();
+  }
+}
 
 void validate(const AttentionProblem& p) {
   if (p.batch < 1 || p.n_q < 1 || p.kv_heads < 1 || p.n_heads < p.kv_heads ||
@@ -29,6 +50,10 @@ void validate(const AttentionProblem& p) {
   }
   if (!(p.scale > 0)) {
     throw InvalidArgument(str_cat("CUDA attention: scale ", p.scale, " must be > 0"));
+  }
+  if (p.split_tokens < 0 || p.split_tokens % attn::kTileTokens != 0) {
+    throw InvalidArgument(str_cat("CUDA attention: split_tokens ", p.split_tokens,
+                                  " must be 0 or a positive multiple of ", attn::kTileTokens));
   }
 }
 
@@ -47,13 +72,25 @@ SplitPlan plan(const AttentionProblem& p, CacheKind kind) {
   a.rows = p.n_q * a.group;
   a.row_groups = (a.rows + attn::kColumns - 1) / attn::kColumns;
   a.scale_log2 = p.scale * 1.4426950408889634f;
-  // As many splits as fill one wave of resident blocks (never more than one per tile).
   const int max_tiles = (p.max_len + attn::kTileTokens - 1) / attn::kTileTokens;
   const int slots = sms * (kind == CacheKind::kTurboQuant ? 1 : dense_blocks);
-  const int base = p.batch * p.kv_heads * a.row_groups;
-  const int splits = std::clamp(slots / base, 1, std::min(max_tiles, attn::kMaxSplits));
-  a.tiles_per_split = (max_tiles + splits - 1) / splits;
+  if (p.split_tokens > 0) {
+    // Fixed split lengths: each sequence's splits (and so its sums) depend on its length alone.
+    a.tiles_per_split = std::max(p.split_tokens / attn::kTileTokens,
+                                 (max_tiles + attn::kMaxSplits - 1) / attn::kMaxSplits);
+  } else {
+    // As many splits as fill one wave of resident blocks (never more than one per tile).
+    const int base = p.batch * p.kv_heads * a.row_groups;
+    const int splits = std::clamp(slots / base, 1, std::min(max_tiles, attn::kMaxSplits));
+    a.tiles_per_split = (max_tiles + splits - 1) / splits;
+  }
   a.splits = (max_tiles + a.tiles_per_split - 1) / a.tiles_per_split;
+  // Sequences per launch: all of them, or with fixed splits as many as one wave holds (a
+  // split-0 block waits for its row group's other splits, so they must be resident with it).
+  plan.wave = p.batch;
+  if (p.split_tokens > 0 && a.splits > 1) {
+    plan.wave = std::clamp(slots / (p.kv_heads * a.row_groups * a.splits), 1, p.batch);
+  }
   plan.partials = size_t(p.batch) * p.kv_heads * a.rows * a.splits;
   a.out = p.out;
   a.timeline = p.timeline;
@@ -128,8 +165,9 @@ void tq_attention(const TQKernelCodec& codec, const TQCacheView& cache,
   p.args.hadamard_scale = codec.hadamard_scale;
   std::copy(std::begin(codec.value_sign_flips), std::end(codec.value_sign_flips),
             p.args.value_sign_flips);
-  attn::launch_tq_attention(p.args, codec, problem.batch, stream);
-  TURBOKV_CUDA_CHECK_LAUNCH();
+  launch_waves(p, problem, [&](const attn::AttentionArgs& args, int batch) {
+    attn::launch_tq_attention(args, codec, batch, stream);
+  });
 }
 
 void dense_attention(const DenseCacheView& cache, const AttentionProblem& problem, void* workspace,
@@ -139,8 +177,9 @@ void dense_attention(const DenseCacheView& cache, const AttentionProblem& proble
   bind_workspace(p, workspace, workspace_bytes);
   p.args.block_table = cache.block_table;
   p.args.table_stride = cache.table_stride;
-  attn::launch_dense_attention(p.args, problem.batch, stream);
-  TURBOKV_CUDA_CHECK_LAUNCH();
+  launch_waves(p, problem, [&](const attn::AttentionArgs& args, int batch) {
+    attn::launch_dense_attention(args, batch, stream);
+  });
 }
 
 }  // namespace turbokv::cuda

@@ -204,6 +204,10 @@ struct AttentionOptions {
   // Splits of the keys: 0 plans enough to fill the device; n > 0 asks for n (clamped to the
   // number of 128-token chunks of max_len; the results are the same up to float rounding).
   int splits = 0;
+  // > 0 (a multiple of 128; overrides splits): splits of this many keys whatever the batch and
+  // max_len (longer when a sequence would need more than kMaxSplits), so each sequence's result
+  // does not depend on the other sequences of the call (batch-invariant decoding).
+  int split_tokens = 0;
 };
 
 // Scratch of an attention call: split partials. Size it with paged_attention_workspace_bytes

@@ -203,6 +203,10 @@ SplitPlan plan_splits(const PagedBatch& b, const QueryRows& q, const AttentionOp
   if (o.splits < 0) {
     throw InvalidArgument(str_cat("paged attention: splits ", o.splits, " must be >= 0"));
   }
+  if (o.split_tokens < 0 || o.split_tokens % kSplitChunk != 0) {
+    throw InvalidArgument(str_cat("paged attention: split_tokens ", o.split_tokens,
+                                  " must be 0 or a positive multiple of ", kSplitChunk));
+  }
   SplitPlan p;
   p.group = o.n_heads / kv_heads;
   const int64_t row_groups = ceil_div(int64_t(q.max_n_q) * p.group, kRows);
@@ -213,7 +217,10 @@ SplitPlan plan_splits(const PagedBatch& b, const QueryRows& q, const AttentionOp
     want = ceil_div(4 * int64_t(std::max(sms, 1)), base);
   }
   want = std::clamp<int64_t>(want, 1, std::min<int64_t>(chunks, kMaxSplits));
-  const int64_t chunks_per_split = ceil_div(chunks, want);
+  const int64_t chunks_per_split =
+      o.split_tokens > 0
+          ? std::max<int64_t>(o.split_tokens / kSplitChunk, ceil_div(chunks, kMaxSplits))
+          : ceil_div(chunks, want);
   p.split_tokens = int(chunks_per_split * kSplitChunk);
   p.splits = int(ceil_div(chunks, chunks_per_split));
   if (row_groups * p.splits > int64_t(0x7fffffff)) {
