@@ -70,4 +70,25 @@ std::vector<std::vector<ChunkSlice>> split_into_steps(std::span<const Model::Chu
   return steps;
 }
 
+std::vector<std::vector<ChunkSlice>> split_into_whole_steps(std::span<const Model::Chunk> chunks,
+                                                            int max_step_tokens) {
+  std::vector<std::vector<ChunkSlice>> steps;
+  std::vector<ChunkSlice> step;
+  int step_tokens = 0;
+  for (const Model::Chunk& chunk : chunks) {
+    for (int begin = 0; begin < chunk.n_tokens; begin += max_step_tokens) {
+      const int count = std::min(chunk.n_tokens - begin, max_step_tokens);
+      if (step_tokens + count > max_step_tokens) {
+        steps.push_back(std::move(step));
+        step.clear();
+        step_tokens = 0;
+      }
+      step.push_back(ChunkSlice{&chunk, begin, count});
+      step_tokens += count;
+    }
+  }
+  if (!step.empty()) steps.push_back(std::move(step));
+  return steps;
+}
+
 }  // namespace turbokv

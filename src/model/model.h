@@ -73,5 +73,10 @@ struct ChunkSlice {
 // steps). Every backend steps the same way, so step-dependent state (dynamic RoPE) agrees.
 std::vector<std::vector<ChunkSlice>> split_into_steps(std::span<const Model::Chunk> chunks,
                                                       int max_step_tokens);
+// The chunks cut at multiples of max_step_tokens from their own first tokens, the pieces packed
+// into steps in order and never cut further: where a chunk's slices begin and end depends on
+// that chunk alone (batch-invariant decoding).
+std::vector<std::vector<ChunkSlice>> split_into_whole_steps(std::span<const Model::Chunk> chunks,
+                                                            int max_step_tokens);
 
 }  // namespace turbokv
