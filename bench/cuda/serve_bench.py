@@ -5,7 +5,9 @@ equal the same request made alone (greedy). Then the total decode tok/s of N den
 requests vs N TurboQuant-only ones, each measured with all N in flight.
 
 usage: bench/cuda/serve_bench.py --bin build/turbokv [--model DIR] [--requests 64]
-         [--prompt-tokens 4096] [--max-tokens 256] [--port 8089]
+         [--prompt-tokens 4096] [--max-tokens 256] [--port 8089] [--batch-invariant]
+--batch-invariant starts the server with --batch-invariant (the texts must then be equal; without
+it they may differ where two tokens are nearly tied, since batched products round differently).
 Standard library only.
 """
 import argparse
@@ -51,11 +53,14 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=4096)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--port", type=int, default=8089)
+    ap.add_argument("--batch-invariant", action="store_true")
     args = ap.parse_args()
     cmd = [args.bin, "server", "--device", "cuda", "--port", str(args.port),
            "--max-sequences", str(args.requests), "--max-tokens-limit", "4096"]
     if args.model:
         cmd += ["--model", args.model]
+    if args.batch_invariant:
+        cmd += ["--batch-invariant"]
     server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{args.port}"
     try:
@@ -96,6 +101,9 @@ def main():
         n = args.requests
         mixed = [None if i % 2 == 0 else 3.5 for i in range(n)]
         got, seconds, tokens = run_all(mixed)
+        prompt = [r["usage"]["prompt_tokens"] for r in got if r and r["usage"]]
+        print(f"server {' '.join(cmd[1:])}", flush=True)
+        print(f"prompts: {min(prompt)}..{max(prompt)} tokens", flush=True)
         print(f"{n} concurrent streams (half dense, half kv_bits 3.5): {tokens} tokens in "
               f"{seconds:.1f} s, {tokens / seconds:.1f} tok/s", flush=True)
         mismatches = 0

@@ -153,6 +153,9 @@ class GenerationStream {
 struct EngineOptions {
   std::string device = "cpu";  // "cpu" or "cuda" (the whole forward on the GPU)
   double kv_cache_gb = 0;      // cuda: GPU memory for the KV cache pool; 0: 90% of what is free
+  // cuda: batch-invariant decoding, so a request's greedy text does not depend on the others
+  // batched with it (slower at large decode batches; attention models with dense MLPs).
+  bool batch_invariant = false;
   KVOptions kv;                // default KV options of every request (dense unless kv_bits)
   int max_sequences = 16;      // sequences decoded together; more requests wait in a queue
   int max_waiting = 256;       // queued requests beyond that are refused (Overloaded)

@@ -26,6 +26,12 @@ void check_device(const DeviceOptions& options) {
                                   " must be a number of GB in [0, 1e6] (0: automatic)"),
                           "kv_cache_gb");
   }
+  if (options.batch_invariant && options.device != "cuda") {
+    throw InvalidArgument(
+        "--batch-invariant is for --device cuda (on the CPU, TURBOKV_EXACT_ATTENTION=1 keeps a "
+        "request's greedy text equal alone and batched in practice)",
+        "batch_invariant");
+  }
   if (options.device != "cuda") return;
 #ifdef TURBOKV_HAVE_CUDA
   if (!cuda::device_available()) {
@@ -74,6 +80,7 @@ LoadedModel load_model(const std::string& dir, const DeviceOptions& options) {
   model.release();
   cuda::CudaModelOptions cuda_options;
   cuda_options.kv_cache_bytes = size_t(options.kv_cache_gb * double(1ull << 30));
+  cuda_options.batch_invariant = options.batch_invariant;
   auto gpu = std::make_unique<cuda::CudaDecoderModel>(std::unique_ptr<DecoderModel>(decoder),
                                                       cuda_options);
   const cuda::CudaDecoderModel* g = gpu.get();

@@ -18,6 +18,7 @@ namespace turbokv {
 struct DeviceOptions {
   std::string device = "cpu";  // "cpu" or "cuda"
   double kv_cache_gb = 0;      // cuda: GPU memory for the KV cache pool; 0: 90% of what is free
+  bool batch_invariant = false;  // cuda: CudaModelOptions::batch_invariant
 };
 
 // Admission by KV memory, for backends whose caches draw on one bounded pool (the GPU's): the

@@ -58,9 +58,10 @@ struct KVFlags {
 struct DeviceFlags {
   std::string device = "cpu";
   double kv_cache_gb = 0;
+  bool batch_invariant = false;
 
   void add_to(CLI::App& app);
-  DeviceOptions options() const { return DeviceOptions{device, kv_cache_gb}; }
+  DeviceOptions options() const { return DeviceOptions{device, kv_cache_gb, batch_invariant}; }
 };
 
 }  // namespace turbokv::cli

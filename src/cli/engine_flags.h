@@ -44,6 +44,7 @@ struct EngineFlags {
   std::unique_ptr<Engine> load(EngineOptions options = {}) const {
     options.device = device.options().device;
     options.kv_cache_gb = device.options().kv_cache_gb;
+    options.batch_invariant = device.options().batch_invariant;
     options.kv = kv.options();
     if (prefix_cache_gb != -1) {
       if (!(prefix_cache_gb >= 0 && prefix_cache_gb <= 1 << 20)) {

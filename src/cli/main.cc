@@ -125,6 +125,9 @@ void DeviceFlags::add_to(CLI::App& app) {
   app.add_option("--device", device, "cpu (default) or cuda (the whole model on the GPU)");
   app.add_option("--kv-cache-gb", kv_cache_gb,
                  "cuda: GPU memory for the KV cache pool in GB (default: 90% of what is free)");
+  app.add_flag("--batch-invariant", batch_invariant,
+               "cuda: a request's greedy text does not depend on what is batched with it "
+               "(slower at large decode batches)");
 }
 
 KVOptions KVFlags::options() const {

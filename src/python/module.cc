@@ -180,7 +180,9 @@ void check_kwargs(const py::kwargs& kw, bool generation) {
   for (const auto& [key, value] : kw) {
     const std::string name = key.cast<std::string>();
     bool known = std::find(std::begin(kKVArgs), std::end(kKVArgs), name) != std::end(kKVArgs);
-    if (!generation) known = known || name == "device" || name == "kv_cache_gb";
+    if (!generation) {
+      known = known || name == "device" || name == "kv_cache_gb" || name == "batch_invariant";
+    }
     if (generation) {
       known = known || std::find(std::begin(kGenerateArgs), std::end(kGenerateArgs), name) !=
                            std::end(kGenerateArgs);
@@ -426,6 +428,9 @@ PYBIND11_MODULE(turbokv, m) {
         if (kw.contains("kv_cache_gb") && !kw["kv_cache_gb"].is_none()) {
           options.kv_cache_gb = float_arg(kw["kv_cache_gb"], "kv_cache_gb");
         }
+        if (kw.contains("batch_invariant") && !kw["batch_invariant"].is_none()) {
+          options.batch_invariant = bool_arg(kw["batch_invariant"], "batch_invariant");
+        }
         std::string dir = TURBOKV_DEFAULT_MODEL_DIR;
         if (!path.is_none()) {  // a str or an os.PathLike
           const py::object fspath = py::module_::import("os").attr("fspath");
@@ -444,8 +449,9 @@ PYBIND11_MODULE(turbokv, m) {
         return py::make_tuple(PyModel{engine}, Processor{engine});
       },
       py::arg("path") = py::none(),
-      "load(path=None, device='cpu', kv_cache_gb=0, **kv_options) -> (model, processor); path "
-      "defaults to the shipped model, device 'cuda' runs it on the GPU");
+      "load(path=None, device='cpu', kv_cache_gb=0, batch_invariant=False, **kv_options) -> "
+      "(model, processor); path defaults to the shipped model, device 'cuda' runs it on the GPU "
+      "(batch_invariant: a request's greedy text does not depend on what is batched with it)");
 
   m.def(
       "make_cache",

@@ -50,6 +50,7 @@ def test_generate_json_has_every_field_and_exact_kv_bytes():
     (["--max-tokens", "0"], "max_tokens"),
     (["--temperature", "-1"], "temperature"),
     (["--device", "cuda"], "cuda"),
+    (["--batch-invariant"], "--batch-invariant"),
 ])
 def test_bad_values_exit_2_naming_the_value(flags, named):
     r = turbokv("generate", "--prompt", "x", *flags)

@@ -133,6 +133,11 @@ def test_unknown_keyword_is_a_type_error(loaded):
         turbokv.generate(model, processor, "x", max_tokenz=3)
 
 
+def test_batch_invariant_on_the_cpu_is_a_value_error():
+    with pytest.raises(ValueError, match="batch-invariant"):
+        turbokv.load(batch_invariant=True)
+
+
 def test_missing_model_dir_is_a_runtime_error():
     with pytest.raises(RuntimeError, match="does-not-exist"):
         turbokv.load("/does-not-exist")

@@ -265,6 +265,13 @@ struct StepSlice {
   int64_t first = 0;  // position of its first token
 };
 
+// Rows of a step that a product takes in one call under batch-invariant decoding: a group of
+// consecutive decode rows, or one prefill slice.
+struct RowRun {
+  int64_t row = 0, rows = 0;
+  bool decode = false;
+};
+
 // One attention call: sub consecutive sequences (from index i of the run) with n_q queries.
 struct AttentionCall {
   int i = 0, sub = 0, n_q = 0, max_len = 0;
@@ -388,6 +395,23 @@ struct CudaDecoderModel::Impl {
   std::pair<const float*, const void*> norm_for(const DeviceMatrix& w, const float* x, int64_t T,
                                                 int64_t H, const float* weight, float eps);
 
+  // Batch-invariant decoding (CudaModelOptions::batch_invariant): > 0, the key split of decode
+  // attention; step_runs, the step's rows as the products take them.
+  int invariant_split_tokens = 0;
+  std::vector<RowRun> step_runs;
+  // linear over the runs of rows (step_runs, or logit rows in groups), each its own call: a
+  // row's products then depend on its own slice alone. Decode groups of fp16 / bf16 weights go
+  // to the GEMV (at most kGemvMaxRows rows, whose sums per row do not depend on the group);
+  // other weights take decode rows one by one (cuBLAS and the quantized kernels choose by the
+  // number of rows).
+  void linear_runs(const DeviceMatrix& w, const float* x32, const void* xn, int64_t m, float* y,
+                   int64_t ldy, const std::vector<RowRun>* runs);
+  AttentionOptions call_options(const AttentionOptions& o, const AttentionCall& call) const {
+    AttentionOptions r = o;
+    if (invariant_split_tokens > 0 && call.n_q == 1) r.split_tokens = invariant_split_tokens;
+    return r;
+  }
+
   int heads = 0, kv_heads = 0, head_dim = 0;
   QuantScratch qscratch;        // quantized prefill GEMMs (empty for dense models)
   DeviceBuffer<float> act32;    // [T, I]: the MLP activation for quantized down projections
@@ -445,6 +469,22 @@ CudaDecoderModel::CudaDecoderModel(std::unique_ptr<DecoderModel> host,
   m.head_dim = c.head_dim;
   TURBOKV_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
   m.gemm = std::make_unique<Gemm>(m.stream);
+  if (options.batch_invariant) {
+    if (needs_hybrid_forward(c) || c.num_experts > 0) {
+      throw Unsupported(
+          "--batch-invariant: batch-invariant decoding on the GPU covers attention models with "
+          "dense MLPs; this model's linear-attention, per-layer or expert layers are not covered");
+    }
+    // Decode splits of fixed length, long enough that one sequence at the model's longest
+    // context fits one wave of the fused kernels (a block per SM, kv_heads x row groups per
+    // split), at least 1024 keys; a multiple of 256 (the fused and the paged kernels' units).
+    const int64_t ctx = c.max_position_embeddings > 0 ? c.max_position_embeddings : 131072;
+    const int64_t row_groups = (c.num_heads / std::max(c.num_kv_heads, 1) + 7) / 8;
+    const int64_t per_sequence =
+        std::max<int64_t>(1, sm_count() / (c.num_kv_heads * row_groups));
+    const int64_t split = (ctx + per_sequence - 1) / per_sequence;
+    m.invariant_split_tokens = int(std::max<int64_t>(1024, (split + 255) / 256 * 256));
+  }
   if (needs_hybrid_forward(c)) {
     m.hybrid = std::make_unique<HybridForward>(*host_, m.stream, *m.gemm, options.max_step_tokens);
     weight_bytes_ = m.hybrid->weight_bytes();
@@ -531,6 +571,12 @@ CudaDecoderModel::CudaDecoderModel(std::unique_ptr<DecoderModel> host,
   if (c.rope_local) {
     init_rope(m.rope_local, *c.rope_local);
     m.has_local = true;
+  }
+  if (m.invariant_split_tokens > 0 &&
+      (m.rope_global.dynamic || (m.has_local && m.rope_local.dynamic))) {
+    throw Unsupported(
+        "--batch-invariant: this model's dynamic RoPE scaling depends on the longest sequence of "
+        "each step, so its outputs cannot be independent of the batch");
   }
 
   // Step buffers.
@@ -732,7 +778,7 @@ std::vector<RunPlan> CudaDecoderModel::Impl::plan_runs(const ModelConfig& c, int
       shape.max_len = call.max_len;
       QueryRows q;
       q.max_n_q = call.n_q;
-      call.workspace_bytes = f->workspace_bytes(shape, q, ao);
+      call.workspace_bytes = f->workspace_bytes(shape, q, call_options(ao, call));
       run.calls.push_back(call);
       i = j;
     }
@@ -790,8 +836,8 @@ void CudaDecoderModel::Impl::enqueue_attention(const std::vector<StepSlice>& ord
       qr.max_n_q = call.n_q;
       void* ws = (run.format->zeroed_workspace() ? zeroed_ws : plain_ws)
                      .get(call.workspace_bytes, stream);
-      run.format->attend(batch, at<TQSequenceState>(base, run.states) + call.i, qr, o, call.n_q,
-                         ws, call.workspace_bytes, stream);
+      run.format->attend(batch, at<TQSequenceState>(base, run.states) + call.i, qr,
+                         call_options(o, call), call.n_q, ws, call.workspace_bytes, stream);
     }
   }
 }
@@ -816,6 +862,26 @@ void CudaDecoderModel::Impl::linear(const DeviceMatrix& w, const float* x32, con
     }
   }
   gemm->run(xn, w.ptr(), w.elem, m, w.rows, w.cols, y, ldy);
+}
+
+void CudaDecoderModel::Impl::linear_runs(const DeviceMatrix& w, const float* x32, const void* xn,
+                                         int64_t m, float* y, int64_t ldy,
+                                         const std::vector<RowRun>* runs) {
+  if (invariant_split_tokens == 0 || runs == nullptr) {
+    linear(w, x32, xn, m, y, ldy);
+    return;
+  }
+  const size_t xn_row = xn != nullptr ? size_t(w.cols) * elem_bytes(w.elem) : 0;
+  const bool gemv = gemm->uses_gemv() && !w.quantized() && w.elem != Elem::kF32;
+  const int64_t group = gemv ? kGemvMaxRows : 1;
+  for (const RowRun& r : *runs) {
+    for (int64_t r0 = 0; r0 < r.rows; r0 += r.decode ? group : r.rows) {
+      const int64_t row = r.row + r0, n = r.decode ? std::min(group, r.rows - r0) : r.rows;
+      linear(w, x32 != nullptr ? x32 + row * w.cols : nullptr,
+             xn != nullptr ? static_cast<const uint8_t*>(xn) + size_t(row) * xn_row : nullptr, n,
+             y + row * ldy, ldy);
+    }
+  }
 }
 
 std::pair<const float*, const void*> CudaDecoderModel::Impl::residual_norm_for(
@@ -846,7 +912,9 @@ void CudaDecoderModel::Impl::enqueue_logits(const ModelConfig& c, const int32_t*
   gather_rows(x.data(), H, d_rows, n, out.data(), stream);
   const auto [x32, xn] = norm_for(*lm_head, out.data(), n, H, final_norm.data(),
                                   float(c.rms_norm_eps));
-  linear(*lm_head, x32, xn, n, logits.data(), V);
+  // Batch-invariant: every logit row is a decode row (gathered), whatever slice it ends.
+  const std::vector<RowRun> logit_runs = {RowRun{0, n, true}};
+  linear_runs(*lm_head, x32, xn, n, logits.data(), V, &logit_runs);
   if (c.final_logit_softcap > 0) softcap(logits.data(), n * V, c.final_logit_softcap, stream);
   TURBOKV_CUDA_CHECK(cudaMemcpyAsync(host_out, logits.data(), size_t(n * V) * sizeof(float),
                                      cudaMemcpyDeviceToHost, stream));
@@ -875,7 +943,7 @@ void CudaDecoderModel::Impl::run_layers(const ModelConfig& c, const DecoderModel
       const auto [x32, xn] = next_input ? *next_input
                                         : norm_for(L.qkv, x.data(), T, H, L.input_norm.data(), eps);
       next_input.reset();
-      linear(L.qkv, x32, xn, T, qkv.data(), q_dim + 2 * kv_dim);
+      linear_runs(L.qkv, x32, xn, T, qkv.data(), q_dim + 2 * kv_dim, &step_runs);
     }
     const int window = c.sliding_window[size_t(l)];
     const Rope& rope = window > 0 && has_local ? rope_local : rope_global;
@@ -943,7 +1011,7 @@ void CudaDecoderModel::Impl::run_layers(const ModelConfig& c, const DecoderModel
       }
       enqueue_attention(order, runs, base, ao);
     }
-    linear(L.o, attn.data(), nullptr, T, out.data(), H);
+    linear_runs(L.o, attn.data(), nullptr, T, out.data(), H, &step_runs);
     // Feed-forward block. Without sandwich norms the residual add and the FFN norm are one
     // kernel (and the FFN's residual add and the next layer's input norm).
     const float* ffn_norm =
@@ -960,23 +1028,48 @@ void CudaDecoderModel::Impl::run_layers(const ModelConfig& c, const DecoderModel
           fuse_norms ? residual_norm_for(mlp.gate_up, x.data(), out.data(), T, H,
                                          or_null(L.o_bias), ffn_norm, eps)
                      : norm_for(mlp.gate_up, x.data(), T, H, ffn_norm, eps);
-      if (xn != nullptr && !mlp.down.quantized() && mlp.down.elem == mlp.gate_up.elem &&
-          gemm->uses_gemv() && gemv_supported(xn, mlp.gate_up.ptr(), mlp.gate_up.elem, T, H)) {
+      const bool gated_gemv = xn != nullptr && !mlp.down.quantized() &&
+                              mlp.down.elem == mlp.gate_up.elem && gemm->uses_gemv();
+      if (gated_gemv && invariant_split_tokens > 0 &&
+          gemv_supported(xn, mlp.gate_up.ptr(), mlp.gate_up.elem, 1, H)) {
+        // Batch-invariant: decode groups through the gate/up GEMV, prefill slices through the
+        // product and the activation kernel, each run on its own.
+        const size_t es = elem_bytes(mlp.gate_up.elem);
+        for (const RowRun& r : step_runs) {
+          for (int64_t r0 = 0; r0 < r.rows; r0 += r.decode ? kGemvMaxRows : r.rows) {
+            const int64_t row = r.row + r0;
+            const int64_t n = r.decode ? std::min(kGemvMaxRows, r.rows - r0) : r.rows;
+            const void* xr = static_cast<const uint8_t*>(xn) + size_t(row * H) * es;
+            void* act = act_narrow.data() + size_t(row * mlp.inter) * es;
+            if (r.decode) {
+              gemv_gated(xr, mlp.gate_up.ptr(), mlp.gate_up.elem, n, mlp.inter, H,
+                         or_null(mlp.gate_bias), or_null(mlp.up_bias), c.activation, act, s);
+            } else {
+              float* gu = gate_up.data() + row * 2 * mlp.inter;
+              linear(mlp.gate_up, nullptr, xr, n, gu, 2 * mlp.inter);
+              gated_activation(gu, n, mlp.inter, or_null(mlp.gate_bias), or_null(mlp.up_bias),
+                               c.activation, act, mlp.down.elem, s);
+            }
+          }
+        }
+        linear_runs(mlp.down, nullptr, act_narrow.data(), T, mlp_out.data(), H, &step_runs);
+      } else if (gated_gemv && invariant_split_tokens == 0 &&
+                 gemv_supported(xn, mlp.gate_up.ptr(), mlp.gate_up.elem, T, H)) {
         // Decode: the gate/up GEMV writes the activation itself.
         gemv_gated(xn, mlp.gate_up.ptr(), mlp.gate_up.elem, T, mlp.inter, H,
                    or_null(mlp.gate_bias), or_null(mlp.up_bias), c.activation,
                    act_narrow.data(), s);
         linear(mlp.down, nullptr, act_narrow.data(), T, mlp_out.data(), H);
       } else {
-        linear(mlp.gate_up, x32, xn, T, gate_up.data(), 2 * mlp.inter);
+        linear_runs(mlp.gate_up, x32, xn, T, gate_up.data(), 2 * mlp.inter, &step_runs);
         if (mlp.down.quantized()) {
           gated_activation(gate_up.data(), T, mlp.inter, or_null(mlp.gate_bias),
                            or_null(mlp.up_bias), c.activation, act32.data(), Elem::kF32, s);
-          linear(mlp.down, act32.data(), nullptr, T, mlp_out.data(), H);
+          linear_runs(mlp.down, act32.data(), nullptr, T, mlp_out.data(), H, &step_runs);
         } else {
           gated_activation(gate_up.data(), T, mlp.inter, or_null(mlp.gate_bias),
                            or_null(mlp.up_bias), c.activation, narrow.data(), mlp.down.elem, s);
-          linear(mlp.down, nullptr, narrow.data(), T, mlp_out.data(), H);
+          linear_runs(mlp.down, nullptr, narrow.data(), T, mlp_out.data(), H, &step_runs);
         }
       }
       if (post_ffn == nullptr && l + 1 < c.num_layers) {
@@ -1080,6 +1173,15 @@ void CudaDecoderModel::Impl::step(const ModelConfig& c, const DecoderModel& host
     }
   }
   if (T > max_tokens) throw Error("CUDA forward: a step larger than its buffers");
+  step_runs.clear();
+  for (const StepSlice& o : order) {
+    const bool decode = o.slice.count == 1;
+    if (decode && !step_runs.empty() && step_runs.back().decode) {
+      ++step_runs.back().rows;
+    } else {
+      step_runs.push_back(RowRun{o.row, o.slice.count, decode});
+    }
+  }
   int64_t seq_len = 0;
   for (int32_t p : positions) seq_len = std::max<int64_t>(seq_len, p + 1);
   for (Rope* r : {&rope_global, &rope_local}) {
@@ -1216,7 +1318,10 @@ void CudaDecoderModel::forward(std::span<const Chunk> chunks) const {
   for (const Chunk& chunk : chunks) {
     for (int l = 0; l < c.num_layers; ++l) device_cache(chunk, l);
   }
-  for (const std::vector<ChunkSlice>& step : split_into_steps(chunks, kForwardStepTokens)) {
+  const std::vector<std::vector<ChunkSlice>> steps =
+      impl_->invariant_split_tokens > 0 ? split_into_whole_steps(chunks, kForwardStepTokens)
+                                        : split_into_steps(chunks, kForwardStepTokens);
+  for (const std::vector<ChunkSlice>& step : steps) {
     // Execution order: sequences with the same cache formats together (one kernel call per
     // run and layer), single-token slices (decode) first inside a run.
     std::vector<StepSlice> order;

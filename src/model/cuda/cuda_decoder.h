@@ -31,6 +31,12 @@ struct CudaModelOptions {
   size_t kv_cache_bytes = 0;
   double kv_memory_fraction = 0.9;
   int max_step_tokens = 512;  // tokens per forward step (bounds the activation buffers)
+  // Batch-invariant decoding: a sequence's logits do not depend on which other sequences share
+  // its forward steps (each product call takes one prefill slice or a group of decode rows;
+  // decode attention splits the keys at fixed lengths), so a greedy request gives the same text
+  // alone and batched. Costs weight reads at large decode batches. Dense-MLP attention models
+  // only (Unsupported otherwise).
+  bool batch_invariant = false;
 };
 
 // Why the GPU forward cannot run a model of this config ("" when it can).
