@@ -62,6 +62,7 @@ struct PrefixCache::Node {
   std::vector<std::shared_ptr<const KVRows>> rows;  // [layers]
   int64_t end = 0;
   size_t bytes = 0;
+  bool pooled = false;  // bytes promised to the device pool (set_pool)
   int children = 0;
   uint64_t last_use = 0;
 };
@@ -243,9 +244,18 @@ void PrefixCache::insert(const std::string& settings, std::span<const int32_t> t
       stats_.bytes += node->bytes;
       ++stats_.blocks;
       stats_.tokens += B;
-      // Older blocks make room; when only this chain is left, the chain stops here.
-      while (stats_.bytes > capacity_ && leaves_.begin()->first < insert_start) evict_one();
-      if (stats_.bytes > capacity_) {
+      // Older blocks make room (in the capacity, and in the device pool when there is one);
+      // when only this chain is left, the chain stops here.
+      auto fits = [&] {
+        if (stats_.bytes > capacity_) return false;
+        if (pool_reserve_ && !node->pooled && pool_reserve_(node->bytes)) {
+          node->pooled = true;
+          pooled_bytes_ += node->bytes;
+        }
+        return node->pooled || !pool_reserve_;
+      };
+      while (!fits() && leaves_.begin()->first < insert_start) evict_one();
+      if (!fits()) {
         evict_one();  // the block just added: the only leaf left
         break;
       }
@@ -266,9 +276,19 @@ void PrefixCache::insert(const std::string& settings, std::span<const int32_t> t
   stats_.bytes_dense *= static_cast<size_t>(stats_.tokens);
 }
 
+bool PrefixCache::evict_oldest() {
+  if (leaves_.empty()) return false;
+  evict_one();
+  return true;
+}
+
 void PrefixCache::evict_one() {
   Node* node = leaves_.begin()->second;
   leaves_.erase(leaves_.begin());
+  if (node->pooled) {
+    pooled_bytes_ -= node->bytes;
+    if (pool_release_) pool_release_(node->bytes);
+  }
   stats_.bytes -= node->bytes;
   --stats_.blocks;
   stats_.tokens -= block_tokens_;

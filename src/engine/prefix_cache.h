@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <functional>
 #include <optional>
 #include <set>
 #include <span>
@@ -82,6 +83,17 @@ class PrefixCache {
   void insert(const std::string& settings, std::span<const int32_t> tokens,
               const LayerCaches& caches);
 
+  // Caches in a bounded device pool (the GPU's): every stored block is promised to the pool
+  // (reserve; false: older blocks make room, else the block is not kept) and given back when
+  // evicted (release), so stored blocks and running requests never take more than the pool.
+  void set_pool(std::function<bool(size_t)> reserve, std::function<void(size_t)> release) {
+    pool_reserve_ = std::move(reserve);
+    pool_release_ = std::move(release);
+  }
+  // Evicts the least recently used block; false when none is held.
+  bool evict_oldest();
+  size_t pooled_bytes() const { return pooled_bytes_; }  // promised to the pool now
+
   int block_tokens() const { return block_tokens_; }
   const PrefixCacheStats& stats() const { return stats_; }
 
@@ -107,6 +119,9 @@ class PrefixCache {
   std::map<std::string, std::map<int64_t, int>> spans_;  // settings -> calibration -> roots
   std::set<std::pair<uint64_t, Node*>> leaves_;          // (last use, node): eviction order
   PrefixCacheStats stats_;
+  std::function<bool(size_t)> pool_reserve_;
+  std::function<void(size_t)> pool_release_;
+  size_t pooled_bytes_ = 0;
 };
 
 }  // namespace turbokv

@@ -200,6 +200,8 @@ Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, std::vector
   if (budget > 0 && !sliding) {
     prefix_ =
         std::make_unique<PrefixCache>(budget, prefix_block, chunk_, layer_specs_);
+    // Stored blocks live in the device pool too: they hold promises like running requests.
+    if (admission_) prefix_->set_pool(admission_.reserve, admission_.release);
   }
   if (static_cast<int64_t>(masked_ids_.size()) >= vocab_size_) {
     throw InvalidArgument(
@@ -369,9 +371,19 @@ void Scheduler::admit_waiting() {
             std::min<int64_t>(int64_t(front->prompt.size()) + front->options.max_tokens,
                               context_length_);
         const size_t need = admission_.bytes_for(front->kv, tokens);
+        bool promised = admission_.reserve(need);
+        // Blocks the prefix cache holds give way to a request, oldest first, when the promises
+        // of running requests leave room for it.
+        if (!promised && prefix_ && prefix_->pooled_bytes() > 0 && admission_.use) {
+          const KVPoolUse before = admission_.use();
+          if (before.reserved_bytes - prefix_->pooled_bytes() + need <= before.capacity_bytes) {
+            while (!promised && prefix_->evict_oldest()) promised = admission_.reserve(need);
+          }
+        }
         const KVPoolUse use = admission_.use ? admission_.use() : KVPoolUse{};
-        if (!admission_.reserve(need)) {
-          if (use.reserved_bytes == 0) {  // nothing else holds a promise: it never fits
+        if (!promised) {
+          const size_t stored = prefix_ ? std::min(prefix_->pooled_bytes(), use.reserved_bytes) : 0;
+          if (use.reserved_bytes == stored) {  // no running request holds a promise: never fits
             throw InvalidArgument(str_cat("the request's KV cache (", tokens, " tokens, ",
                                           (need + (1 << 20) - 1) >> 20,
                                           " MiB) does not fit the KV pool of ",

@@ -496,6 +496,41 @@ std::vector<int32_t> counting(int n, int32_t start = 1) {
   return tokens;
 }
 
+// Blocks the prefix cache keeps live in the device pool: they hold promises like running
+// requests (so admitted requests always find their blocks), and give way, oldest first, to a
+// request that fits once they are gone.
+TEST(Scheduler, PrefixCacheBlocksHoldPoolPromisesAndGiveWayToRequests) {
+  FakePool pool;
+  pool.capacity = 4500;
+  FakeModel model(4096);
+  FakeTokenizer tokenizer;
+  EngineOptions o;
+  o.prefix_cache_block = 16;
+  o.prefix_cache_bytes = 1 << 20;
+  o.prefill_chunk = 8;
+  Scheduler scheduler(model, tokenizer, {testing::kFakeEos}, o, testing::make_token_caches,
+                      pool.admission());
+  scheduler.start();
+  GenerateOptions g = max_tokens(5);
+  g.ignore_eos = true;
+  const auto a = counting(40);  // 45 tokens: 4500 bytes
+  EXPECT_EQ(drain(*scheduler.submit(a, g)).tokens, expected_ignoring_eos(a, 5));
+  const EngineMetrics held = scheduler.metrics();
+  ASSERT_GT(held.prefix_cache_blocks, 0);
+  {
+    std::lock_guard<std::mutex> lock(pool.mu);
+    EXPECT_GT(pool.reserved, 0u) << "stored blocks promised to the pool";
+    EXPECT_LE(pool.reserved, size_t(held.prefix_cache_bytes));
+  }
+  // The whole pool: only once the stored blocks are evicted.
+  const auto b = counting(40, 5);
+  EXPECT_EQ(drain(*scheduler.submit(b, g)).tokens, expected_ignoring_eos(b, 5));
+  const EngineMetrics after = scheduler.metrics();
+  EXPECT_GT(after.prefix_cache_evictions, held.prefix_cache_evictions);
+  EXPECT_LE(pool.most, pool.capacity);
+  EXPECT_EQ(after.requests_failed, 0);
+}
+
 TEST(Scheduler, APrefixCacheHitSkipsThePrefillOfItsBlocksAndChangesNoToken) {
   Harness h(prefix_options());
   h.scheduler.start();
