@@ -6,8 +6,12 @@ requests vs N TurboQuant-only ones, each measured with all N in flight.
 
 usage: bench/cuda/serve_bench.py --bin build/turbokv [--model DIR] [--requests 64]
          [--prompt-tokens 4096] [--max-tokens 256] [--port 8089] [--batch-invariant]
+         [--queue-pool-gb GB]
 --batch-invariant starts the server with --batch-invariant (the texts must then be equal; without
 it they may differ where two tokens are nearly tied, since batched products round differently).
+--queue-pool-gb then starts a second server with a KV pool of that size, too small for the
+requests at once: 8 concurrent ones must all complete (queued for pool blocks), counted in
+/metrics as turbokv_kv_pool_waits_total.
 Standard library only.
 """
 import argparse
@@ -26,23 +30,75 @@ def post(url, body, stream):
     with urllib.request.urlopen(req, timeout=600) as r:
         if not stream:
             return json.loads(r.read())
-        text, usage = [], None
+        text, usage, error = [], None, None
         for line in r:
             line = line.decode().strip()
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             event = json.loads(line[6:])
+            if event.get("error"):
+                error = event["error"]
             if event.get("usage"):
                 usage = event["usage"]
             for choice in event.get("choices", []):
                 text.append(choice.get("delta", {}).get("content") or "")
-        return {"text": "".join(text), "usage": usage}
+        return {"text": "".join(text), "usage": usage, "error": error}
 
 
 def prompt_of(i, words):
     # Distinct prompts: a long shared-looking body with a per-request header.
     body = " ".join(f"x{(j * 7919 + i) % 1000}" for j in range(words))
     return f"Request {i}. Continue this list:\n{body}"
+
+
+def queued_run(args, cmd, words):
+    """A server whose KV pool holds fewer requests than arrive: all must complete."""
+    port = args.port + 1
+    small = cmd[:cmd.index("--port")] + ["--port", str(port)] + \
+        cmd[cmd.index("--port") + 2:] + ["--kv-cache-gb", str(args.queue_pool_gb)]
+    server = subprocess.Popen(small, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(base + "/health", timeout=1)
+                break
+            except Exception:
+                time.sleep(0.5)
+        results = [None] * 8
+
+        def one(i):
+            try:
+                results[i] = post(base + "/v1/chat/completions", {
+                    "messages": [{"role": "user", "content": prompt_of(1000 + i, words)}],
+                    "max_tokens": 32, "temperature": 0, "stream": True,
+                    "stream_options": {"include_usage": True}}, True)
+            except urllib.error.HTTPError as e:
+                results[i] = {"error": f"HTTP {e.code}: {e.read().decode()[:300]}"}
+            except Exception as e:  # noqa: BLE001 - reported below
+                results[i] = {"error": str(e)}
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        done = sum(1 for r in results if r and r.get("usage"))
+        metrics = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+        waits = [line for line in metrics.splitlines()
+                 if line.startswith("turbokv_kv_pool_waits_total")]
+        print(f"--kv-cache-gb {args.queue_pool_gb}: {done}/8 concurrent requests completed; "
+              f"{waits[0] if waits else 'no pool-wait metric'}", flush=True)
+        for r in results:
+            if not r or not r.get("usage"):
+                print(f"  failed: {r.get('error') if r else 'no result'}", flush=True)
+        return done == 8
+    finally:
+        server.terminate()
+        try:
+            server.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
 
 
 def main():
@@ -54,8 +110,10 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--port", type=int, default=8089)
     ap.add_argument("--batch-invariant", action="store_true")
+    ap.add_argument("--queue-pool-gb", type=float)
+    ap.add_argument("--device", default="cuda", help="cuda (default), or cpu to try the script")
     args = ap.parse_args()
-    cmd = [args.bin, "server", "--device", "cuda", "--port", str(args.port),
+    cmd = [args.bin, "server", "--device", args.device, "--port", str(args.port),
            "--max-sequences", str(args.requests), "--max-tokens-limit", "4096"]
     if args.model:
         cmd += ["--model", args.model]
@@ -102,7 +160,7 @@ def main():
         mixed = [None if i % 2 == 0 else 3.5 for i in range(n)]
         got, seconds, tokens = run_all(mixed)
         prompt = [r["usage"]["prompt_tokens"] for r in got if r and r["usage"]]
-        print(f"server {' '.join(cmd[1:])}", flush=True)
+        print(f"turbokv {' '.join(cmd[1:])}", flush=True)
         print(f"prompts: {min(prompt)}..{max(prompt)} tokens", flush=True)
         print(f"{n} concurrent streams (half dense, half kv_bits 3.5): {tokens} tokens in "
               f"{seconds:.1f} s, {tokens / seconds:.1f} tok/s", flush=True)
@@ -126,7 +184,10 @@ def main():
             print(f"bad request: HTTP {e.code}", flush=True)
         urllib.request.urlopen(base + "/health", timeout=5)
         print("server still healthy", flush=True)
-        sys.exit(1 if mismatches else 0)
+        failed = bool(mismatches)
+        if args.queue_pool_gb:
+            failed |= not queued_run(args, cmd, words)
+        sys.exit(1 if failed else 0)
     finally:
         server.terminate()
         try:
