@@ -272,6 +272,17 @@ struct RowRun {
   bool decode = false;
 };
 
+// The product calls of batch-invariant runs: f(first row, rows, decode) once per prefill slice
+// and once per group of at most `group` consecutive decode rows.
+template <typename F>
+void for_each_call(const std::vector<RowRun>& runs, int64_t group, F&& f) {
+  for (const RowRun& r : runs) {
+    for (int64_t r0 = 0; r0 < r.rows; r0 += r.decode ? group : r.rows) {
+      f(r.row + r0, r.decode ? std::min(group, r.rows - r0) : r.rows, r.decode);
+    }
+  }
+}
+
 // One attention call: sub consecutive sequences (from index i of the run) with n_q queries.
 struct AttentionCall {
   int i = 0, sub = 0, n_q = 0, max_len = 0;
@@ -874,14 +885,11 @@ void CudaDecoderModel::Impl::linear_runs(const DeviceMatrix& w, const float* x32
   const size_t xn_row = xn != nullptr ? size_t(w.cols) * elem_bytes(w.elem) : 0;
   const bool gemv = gemm->uses_gemv() && !w.quantized() && w.elem != Elem::kF32;
   const int64_t group = gemv ? kGemvMaxRows : 1;
-  for (const RowRun& r : *runs) {
-    for (int64_t r0 = 0; r0 < r.rows; r0 += r.decode ? group : r.rows) {
-      const int64_t row = r.row + r0, n = r.decode ? std::min(group, r.rows - r0) : r.rows;
-      linear(w, x32 != nullptr ? x32 + row * w.cols : nullptr,
-             xn != nullptr ? static_cast<const uint8_t*>(xn) + size_t(row) * xn_row : nullptr, n,
-             y + row * ldy, ldy);
-    }
-  }
+  for_each_call(*runs, group, [&](int64_t row, int64_t n, bool) {
+    linear(w, x32 != nullptr ? x32 + row * w.cols : nullptr,
+           xn != nullptr ? static_cast<const uint8_t*>(xn) + size_t(row) * xn_row : nullptr, n,
+           y + row * ldy, ldy);
+  });
 }
 
 std::pair<const float*, const void*> CudaDecoderModel::Impl::residual_norm_for(
@@ -1035,23 +1043,19 @@ void CudaDecoderModel::Impl::run_layers(const ModelConfig& c, const DecoderModel
         // Batch-invariant: decode groups through the gate/up GEMV, prefill slices through the
         // product and the activation kernel, each run on its own.
         const size_t es = elem_bytes(mlp.gate_up.elem);
-        for (const RowRun& r : step_runs) {
-          for (int64_t r0 = 0; r0 < r.rows; r0 += r.decode ? kGemvMaxRows : r.rows) {
-            const int64_t row = r.row + r0;
-            const int64_t n = r.decode ? std::min(kGemvMaxRows, r.rows - r0) : r.rows;
-            const void* xr = static_cast<const uint8_t*>(xn) + size_t(row * H) * es;
-            void* act = act_narrow.data() + size_t(row * mlp.inter) * es;
-            if (r.decode) {
-              gemv_gated(xr, mlp.gate_up.ptr(), mlp.gate_up.elem, n, mlp.inter, H,
-                         or_null(mlp.gate_bias), or_null(mlp.up_bias), c.activation, act, s);
-            } else {
-              float* gu = gate_up.data() + row * 2 * mlp.inter;
-              linear(mlp.gate_up, nullptr, xr, n, gu, 2 * mlp.inter);
-              gated_activation(gu, n, mlp.inter, or_null(mlp.gate_bias), or_null(mlp.up_bias),
-                               c.activation, act, mlp.down.elem, s);
-            }
+        for_each_call(step_runs, kGemvMaxRows, [&](int64_t row, int64_t n, bool decode) {
+          const void* xr = static_cast<const uint8_t*>(xn) + size_t(row * H) * es;
+          void* act = act_narrow.data() + size_t(row * mlp.inter) * es;
+          if (decode) {
+            gemv_gated(xr, mlp.gate_up.ptr(), mlp.gate_up.elem, n, mlp.inter, H,
+                       or_null(mlp.gate_bias), or_null(mlp.up_bias), c.activation, act, s);
+          } else {
+            float* gu = gate_up.data() + row * 2 * mlp.inter;
+            linear(mlp.gate_up, nullptr, xr, n, gu, 2 * mlp.inter);
+            gated_activation(gu, n, mlp.inter, or_null(mlp.gate_bias), or_null(mlp.up_bias),
+                             c.activation, act, mlp.down.elem, s);
           }
-        }
+        });
         linear_runs(mlp.down, nullptr, act_narrow.data(), T, mlp_out.data(), H, &step_runs);
       } else if (gated_gemv && invariant_split_tokens == 0 &&
                  gemv_supported(xn, mlp.gate_up.ptr(), mlp.gate_up.elem, T, H)) {
