@@ -42,9 +42,10 @@ struct EngineFlags {
 
   // Validates the flags, then loads the model (a progress line on a TTY).
   std::unique_ptr<Engine> load(EngineOptions options = {}) const {
-    options.device = device.options().device;
-    options.kv_cache_gb = device.options().kv_cache_gb;
-    options.batch_invariant = device.options().batch_invariant;
+    const DeviceOptions d = device.options();
+    options.device = d.device;
+    options.kv_cache_gb = d.kv_cache_gb;
+    options.batch_invariant = d.batch_invariant;
     options.kv = kv.options();
     if (prefix_cache_gb != -1) {
       if (!(prefix_cache_gb >= 0 && prefix_cache_gb <= 1 << 20)) {

@@ -56,12 +56,15 @@ GenerationResult Engine::generate(const std::string& prompt, const GenerateOptio
 
 namespace {
 
+DeviceOptions device_options(const EngineOptions& o) {
+  return DeviceOptions{o.device, o.kv_cache_gb, o.batch_invariant};
+}
+
 class EngineImpl : public Engine {
  public:
   EngineImpl(const std::string& dir, const EngineOptions& options)
       : options_(options),
-        loaded_(load_model(
-            dir, DeviceOptions{options.device, options.kv_cache_gb, options.batch_invariant})),
+        loaded_(load_model(dir, device_options(options))),
         model_(loaded_.model.get()),
         tokenizer_(Tokenizer::from_model_dir(dir)) {
     const ModelInfo& info = model_->info();
@@ -226,7 +229,7 @@ class EngineImpl : public Engine {
 
 std::unique_ptr<Engine> Engine::load(const std::string& model_dir, const EngineOptions& options) {
   resolve_kv_options(options.kv);  // bad options fail before the model is read
-  check_device(DeviceOptions{options.device, options.kv_cache_gb, options.batch_invariant});
+  check_device(device_options(options));
   if (!std::filesystem::is_directory(model_dir) && !is_gguf_file(model_dir)) {
     throw IoError(str_cat("model '", model_dir,
                           "' is neither a model directory nor a GGUF file"));
