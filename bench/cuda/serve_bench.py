@@ -51,20 +51,37 @@ def prompt_of(i, words):
     return f"Request {i}. Continue this list:\n{body}"
 
 
+def start_server(cmd, port):
+    """Starts `turbokv server` and waits until /health answers; returns (process, base URL)."""
+    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(base + "/health", timeout=1)
+            break
+        except Exception:
+            time.sleep(0.5)
+    return server, base
+
+
+def stop_server(server):
+    """Stops the server; returns the tail of its output ("" if it had to be killed)."""
+    server.terminate()
+    try:
+        out, _ = server.communicate(timeout=20)
+        return out.decode()[-2000:]
+    except subprocess.TimeoutExpired:
+        server.kill()
+        return ""
+
+
 def queued_run(args, cmd, words):
     """A server whose KV pool holds fewer requests than arrive: all must complete."""
     port = args.port + 1
     small = cmd[:cmd.index("--port")] + ["--port", str(port)] + \
         cmd[cmd.index("--port") + 2:] + ["--kv-cache-gb", str(args.queue_pool_gb)]
-    server = subprocess.Popen(small, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    server, base = start_server(small, port)
     try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(base + "/health", timeout=1)
-                break
-            except Exception:
-                time.sleep(0.5)
         results = [None] * 8
 
         def one(i):
@@ -94,11 +111,7 @@ def queued_run(args, cmd, words):
                 print(f"  failed: {r.get('error') if r else 'no result'}", flush=True)
         return done == 8
     finally:
-        server.terminate()
-        try:
-            server.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_server(server)
 
 
 def main():
@@ -119,17 +132,11 @@ def main():
         cmd += ["--model", args.model]
     if args.batch_invariant:
         cmd += ["--batch-invariant"]
-    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{args.port}"
+    server, base = start_server(cmd, args.port)
     try:
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(base + "/health", timeout=1)
-                break
-            except Exception:
-                time.sleep(0.5)
         url = base + "/v1/chat/completions"
-        # Words of ~2 tokens each: about prompt_tokens tokens of prompt.
+        # prompt_tokens / 2 words; with the shipped tokenizer a word is ~4 tokens, so 2000
+        # gives ~3900-token prompts (the "prompts:" line prints what was sent).
         words = max(1, args.prompt_tokens // 2)
 
         def body(i, kv):
@@ -189,12 +196,7 @@ def main():
             failed |= not queued_run(args, cmd, words)
         sys.exit(1 if failed else 0)
     finally:
-        server.terminate()
-        try:
-            out, _ = server.communicate(timeout=20)
-            sys.stdout.write(out.decode()[-2000:])
-        except subprocess.TimeoutExpired:
-            server.kill()
+        sys.stdout.write(stop_server(server))
 
 
 if __name__ == "__main__":
