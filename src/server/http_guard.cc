@@ -322,6 +322,17 @@ size_t ConnectionRegistry::size() const {
 
 GuardedHttpServer::GuardedHttpServer(const ConnectionLimits& limits) : limits_(limits) {
   new_task_queue = [this] { return new GuardedPool(limits_, registry_, backlog_); };
+  // httplib's own options (address reuse) and the fd, so that bind_listener can widen the
+  // backlog of 5 that httplib's listen() uses.
+  set_socket_options([this](socket_t sock) {
+    int yes = 1;
+#ifdef SO_REUSEPORT
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEPORT, &yes, sizeof(yes));
+#else
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+#endif
+    listen_fd_ = sock;
+  });
   // What httplib advertises in Keep-Alive headers; the loop below enforces it.
   set_keep_alive_max_count(static_cast<size_t>(limits_.max_requests_per_connection));
   set_keep_alive_timeout(std::max<time_t>(
@@ -330,6 +341,16 @@ GuardedHttpServer::GuardedHttpServer(const ConnectionLimits& limits) : limits_(l
 
 GuardedHttpServer::~GuardedHttpServer() {
   stop_all();
+}
+
+int GuardedHttpServer::bind_listener(const std::string& host, int port) {
+  listen_fd_ = -1;
+  const int bound = port == 0 ? bind_to_any_port(host) : (bind_to_port(host, port) ? port : -1);
+  if (bound <= 0) return -1;
+  // Listening again on a listening socket only changes its backlog (where the kernel refused,
+  // the socket would keep httplib's).
+  if (listen_fd_ >= 0) ::listen(listen_fd_, limits_.listen_backlog());
+  return bound;
 }
 
 void GuardedHttpServer::start_watchdog() {

@@ -32,6 +32,9 @@ struct ConnectionLimits {
   // Under pressure (a connection waits for a worker), a connection idle or reading its
   // request for longer than this is closed to free its worker.
   std::chrono::milliseconds eviction_grace{1000};
+  // The listen socket's backlog is workers + max_queued (capped by the kernel's somaxconn):
+  // a burst of that many connects completes its handshakes before the acceptor takes them.
+  int listen_backlog() const { return workers + max_queued; }
 };
 
 // One accepted connection, as the registry sees it.
@@ -76,6 +79,9 @@ class GuardedHttpServer : public httplib::Server {
   explicit GuardedHttpServer(const ConnectionLimits& limits);
   ~GuardedHttpServer() override;
 
+  // Binds host:port (port 0: any free port) with the listen backlog of the limits; returns the
+  // port, or -1 where the address cannot be bound.
+  int bind_listener(const std::string& host, int port);
   // Starts the watchdog thread; call before listen_after_bind().
   void start_watchdog();
   // Stops listening, shuts every connection down and stops the watchdog.
@@ -89,6 +95,7 @@ class GuardedHttpServer : public httplib::Server {
   ConnectionLimits limits_;
   ConnectionRegistry registry_;
   std::atomic<size_t> backlog_{0};  // connections queued for a worker
+  int listen_fd_ = -1;              // the socket httplib binds (from its socket options hook)
   std::atomic<bool> stopping_{false};
   std::mutex watchdog_mu_;
   std::condition_variable watchdog_cv_;

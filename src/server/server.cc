@@ -569,15 +569,12 @@ Server::~Server() {
 
 int Server::bind() {
   const auto& o = impl_->options;
-  if (o.port == 0) {
-    const int port = impl_->http.bind_to_any_port(o.host);
-    if (port <= 0) throw IoError(str_cat("cannot bind a port on ", o.host));
-    return port;
-  }
-  if (!impl_->http.bind_to_port(o.host, o.port)) {
+  const int port = impl_->http.bind_listener(o.host, o.port);
+  if (port <= 0) {
+    if (o.port == 0) throw IoError(str_cat("cannot bind a port on ", o.host));
     throw IoError(str_cat("cannot bind ", o.host, ":", o.port, " (in use or not permitted)"));
   }
-  return o.port;
+  return port;
 }
 
 void Server::listen() {
