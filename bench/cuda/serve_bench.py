@@ -45,6 +45,24 @@ def post(url, body, stream):
         return {"text": "".join(text), "usage": usage, "error": error}
 
 
+def post_or_error(url, body):
+    """A streamed request's result; a refused or broken connection is a result too."""
+    try:
+        return post(url, body, True)
+    except urllib.error.HTTPError as e:
+        return {"text": None, "usage": None, "error": f"HTTP {e.code}: {e.read().decode()[:300]}"}
+    except Exception as e:  # noqa: BLE001 - the caller reports it
+        return {"text": None, "usage": None, "error": f"{type(e).__name__}: {e}"}
+
+
+def report_failures(label, results):
+    """Prints each request of a run that did not complete; returns how many."""
+    failed = [(i, r) for i, r in enumerate(results) if not r["usage"]]
+    for i, r in failed:
+        print(f"{label}: request {i} failed: {r['error'] or 'no usage in the stream'}", flush=True)
+    return len(failed)
+
+
 def prompt_of(i, words):
     # Distinct prompts: a long shared-looking body with a per-request header.
     body = " ".join(f"x{(j * 7919 + i) % 1000}" for j in range(words))
@@ -85,30 +103,23 @@ def queued_run(args, cmd, words):
         results = [None] * 8
 
         def one(i):
-            try:
-                results[i] = post(base + "/v1/chat/completions", {
-                    "messages": [{"role": "user", "content": prompt_of(1000 + i, words)}],
-                    "max_tokens": 32, "temperature": 0, "stream": True,
-                    "stream_options": {"include_usage": True}}, True)
-            except urllib.error.HTTPError as e:
-                results[i] = {"error": f"HTTP {e.code}: {e.read().decode()[:300]}"}
-            except Exception as e:  # noqa: BLE001 - reported below
-                results[i] = {"error": str(e)}
+            results[i] = post_or_error(base + "/v1/chat/completions", {
+                "messages": [{"role": "user", "content": prompt_of(1000 + i, words)}],
+                "max_tokens": 32, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}})
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        done = sum(1 for r in results if r and r.get("usage"))
+        done = sum(1 for r in results if r["usage"])
         metrics = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
         waits = [line for line in metrics.splitlines()
                  if line.startswith("turbokv_kv_pool_waits_total")]
         print(f"--kv-cache-gb {args.queue_pool_gb}: {done}/8 concurrent requests completed; "
               f"{waits[0] if waits else 'no pool-wait metric'}", flush=True)
-        for r in results:
-            if not r or not r.get("usage"):
-                print(f"  failed: {r.get('error') if r else 'no result'}", flush=True)
+        report_failures(f"--kv-cache-gb {args.queue_pool_gb}", results)
         return done == 8
     finally:
         stop_server(server)
@@ -151,7 +162,7 @@ def main():
             results = [None] * len(kinds)
 
             def one(i):
-                results[i] = post(url, body(i, kinds[i]), True)
+                results[i] = post_or_error(url, body(i, kinds[i]))
 
             threads = [threading.Thread(target=one, args=(i,)) for i in range(len(kinds))]
             start = time.time()
@@ -166,23 +177,29 @@ def main():
         n = args.requests
         mixed = [None if i % 2 == 0 else 3.5 for i in range(n)]
         got, seconds, tokens = run_all(mixed)
-        prompt = [r["usage"]["prompt_tokens"] for r in got if r and r["usage"]]
+        prompt = [r["usage"]["prompt_tokens"] for r in got if r["usage"]]
         print(f"turbokv {' '.join(cmd[1:])}", flush=True)
-        print(f"prompts: {min(prompt)}..{max(prompt)} tokens", flush=True)
+        if prompt:
+            print(f"prompts: {min(prompt)}..{max(prompt)} tokens", flush=True)
         print(f"{n} concurrent streams (half dense, half kv_bits 3.5): {tokens} tokens in "
               f"{seconds:.1f} s, {tokens / seconds:.1f} tok/s", flush=True)
+        failures = report_failures("concurrent", got)
         mismatches = 0
         for i in range(n):
-            alone = post(url, body(i, mixed[i]), True)
-            if alone["text"] != got[i]["text"]:
+            alone = post_or_error(url, body(i, mixed[i]))
+            if not got[i]["usage"] or not alone["usage"] or alone["text"] != got[i]["text"]:
                 mismatches += 1
-                print(f"request {i} ({'dense' if mixed[i] is None else 'kv_bits 3.5'}): batched "
-                      f"text differs from the same request alone", flush=True)
+                what = ("batched text differs from the same request alone"
+                        if got[i]["usage"] and alone["usage"] else
+                        f"failed: {got[i]['error'] or alone['error']}")
+                print(f"request {i} ({'dense' if mixed[i] is None else 'kv_bits 3.5'}): {what}",
+                      flush=True)
         print(f"same text as alone: {n - mismatches}/{n}", flush=True)
         for label, kind in (("dense-only", None), ("TurboQuant 3.5-only", 3.5)):
-            _, seconds, tokens = run_all([kind] * n)
+            results, seconds, tokens = run_all([kind] * n)
             print(f"{label}: {n} streams, {tokens} tokens in {seconds:.1f} s, "
                   f"{tokens / seconds:.1f} tok/s", flush=True)
+            failures += report_failures(label, results)
         # A request far larger than the pool must be refused (or queued), not crash the server.
         try:
             post(url, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
@@ -191,7 +208,7 @@ def main():
             print(f"bad request: HTTP {e.code}", flush=True)
         urllib.request.urlopen(base + "/health", timeout=5)
         print("server still healthy", flush=True)
-        failed = bool(mismatches)
+        failed = bool(mismatches or failures)
         if args.queue_pool_gb:
             failed |= not queued_run(args, cmd, words)
         sys.exit(1 if failed else 0)
