@@ -190,7 +190,7 @@ def main():
         lines.append(line)
 
     props = torch.cuda.get_device_properties(0)
-    emit(f"# {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, {props.name}, torch "
+    emit(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {props.name}, torch "
          f"{torch.__version__}, model {os.path.basename(os.path.normpath(args.model))}")
     if args.max_context:
         engine = Engine(lib, args.model, args.kv_cache_gb)
