@@ -25,7 +25,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def short(name):
     """A kernel's name and template arguments, without namespaces, return type and parameters."""
-    name = re.sub(r"^void ", "", name.replace("(anonymous namespace)::", ""))
+    for anonymous in ("(anonymous namespace)::", "<unnamed>::"):
+        name = name.replace(anonymous, "")
+    name = re.sub(r"^void ", "", name)
     depth = 0
     for i, ch in enumerate(name):
         depth += (ch == "<") - (ch == ">")
@@ -93,17 +95,17 @@ def main():
                 order.append(n)
             count, total = totals[kv].get(n, (0, 0.0))
             totals[kv][n] = (count + 1, total + us)
-    width = max(len(n) for n in order)
-    print("\n" + "kernel".ljust(width) + "".join(f"{kv:>22}" for kv in kvs) + "   (count x, total us)")
+    width = max(len(n) for n in order) + 2
+    print("\n" + "kernel".ljust(width) + "".join(f"{kv:>20}" for kv in kvs)
+          + "   (kernels x, total us)")
     for n in order:
         cells = []
         for kv in kvs:
             count, total = totals[kv].get(n, (0, 0.0))
-            cells.append(f"{count:>6} x {total:>10.1f} us" if count else " " * 22)
-        print(n.ljust(width) + "".join(f"{c:>22}" for c in cells))
-    print("sum".ljust(width) + "".join(f"{sum(t for _, t in totals[kv].values()):>19.1f} us"
+            cells.append(f"{count} x {total:.1f} us" if count else "")
+        print(n.ljust(width) + "".join(f"{c:>20}" for c in cells))
+    print("sum".ljust(width) + "".join(f"{sum(t for _, t in totals[kv].values()):>17.1f} us"
                                        for kv in kvs))
-
 
 if __name__ == "__main__":
     main()
