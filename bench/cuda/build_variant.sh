@@ -13,9 +13,10 @@ cd "$build"
 ninja bench/cuda/libturbokv_cuda_bench.so > /dev/null
 commands=$(ninja -t commands bench/cuda/libturbokv_cuda_bench.so)
 cp src/kernels/cuda/libturbokv_cuda.a "$tmp/libturbokv_cuda.a"
-# The kernel and the host planner, each with the same command minus the depfile plus the flags,
-# replace their objects in a copy of the library.
-for source in attention/tq_attention.cu attention/launch.cc; do
+# The kernels (one file per bit pair) and the host planner, each with the same command minus
+# the depfile plus the flags, replace their objects in a copy of the library.
+sources=$(cd "$(dirname "$build")/src/kernels/cuda" && ls attention/tq_attention_k*.cu)
+for source in $sources attention/launch.cc; do
   compile=$(grep -F -- "-c $(dirname "$build")/src/kernels/cuda/$source" <<< "$commands")
   compile=$(sed -E 's/ -MD -MT [^ ]+ -MF [^ ]+//; s/ -o [^ ]+//' <<< "$compile")
   object=$(basename "$source").o
