@@ -200,11 +200,19 @@ __global__ void gather_vec_kernel(const float* x, int64_t dim, const int32_t* ro
 // One block per (token, head slot): slots [0, heads) are q heads, then kv_heads k heads, then
 // kv_heads v heads.
 __global__ void qkv_post_kernel(const QkvPostProblem p) {
+  const int64_t t = blockIdx.x;
+  const int slot = blockIdx.y;
+  // Before waiting for the previous kernel: the cos and sin of this thread's first rotated pair,
+  // which depend on host data only (positions, inv_freq).
+  const int half = p.rotary_dim / 2;
+  const bool rotates = slot < p.heads + p.kv_heads && p.rotary_dim > 0;
+  float c0 = 0, s0 = 0;
+  if (rotates && int(threadIdx.x) < half) {
+    rope_cos_sin(float(p.positions[t]), p.inv_freq[threadIdx.x], p.attention_scaling, &c0, &s0);
+  }
   pdl_wait();
   pdl_release();
   extern __shared__ float h[];  // [head_dim]
-  const int64_t t = blockIdx.x;
-  const int slot = blockIdx.y;
   const int d = p.head_dim;
   const int q_dim = p.heads * d, kv_dim = p.kv_heads * d;
   int col, kind;  // kind 0 q, 1 k, 2 v
@@ -237,12 +245,12 @@ __global__ void qkv_post_kernel(const QkvPostProblem p) {
     for (int i = threadIdx.x; i < d; i += blockDim.x) h[i] = (h[i] * inv) * norm[i];
     __syncthreads();
   }
-  if (kind < 2 && p.rotary_dim > 0) {
-    const int half = p.rotary_dim / 2;
+  if (rotates) {
     const float pos = float(p.positions[t]);
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-      rope_pair(pos, p.inv_freq[i], p.attention_scaling, h[i], h[i + half], &dst[i],
-                &dst[i + half]);
+      float c = c0, sn = s0;
+      if (i != int(threadIdx.x)) rope_cos_sin(pos, p.inv_freq[i], p.attention_scaling, &c, &sn);
+      rope_rotate(h[i], h[i + half], c, sn, &dst[i], &dst[i + half]);
     }
     for (int i = p.rotary_dim + threadIdx.x; i < d; i += blockDim.x) dst[i] = h[i];
   } else {

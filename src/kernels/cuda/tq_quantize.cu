@@ -25,11 +25,32 @@ __device__ float sum_squares(const float (&v)[4], float* scratch, int lane) {
   return ordered_sum(scratch, L::kHeadDim, lane);
 }
 
+// Where row `row`'s vector of KV head `head` goes: its tile (block row_pos / 256 of the row's
+// sequence, tile (head, pos % 256 / 32)) and its token in the tile. It reads only what the host
+// writes before a step (rows and block tables), so kernels launched with PDL look it up before
+// waiting for the previous kernel.
+struct TileSlot {
+  uint8_t* tile = nullptr;
+  int tok = 0;
+};
+__device__ __forceinline__ TileSlot tile_slot(const TQKernelCodec& codec,
+                                              const TQQuantizeProblem& p, int64_t row, int head) {
+  const int token = p.row_pos[row];
+  uint8_t* block =
+      p.block_table[size_t(p.row_seq[row]) * p.table_stride + token / (32 * kTilesPerBlock)];
+  const TQTileLayout lay{codec.key_bits, codec.value_bits};
+  return TileSlot{block + (size_t(head) * kTilesPerBlock +
+                           (token % (32 * kTilesPerBlock)) / L::kTileTokens) *
+                              size_t(lay.tile_bytes()),
+                  token % L::kTileTokens};
+}
+
 // Quantizes one vector (lane l holds elements 4l .. 4l+3) of row `row`, KV head `head`, role
-// 0 (key) or 1 (value) into its tile. Warp-collective; scratch: this warp's [128] floats.
+// 0 (key) or 1 (value) into its tile `dst` (tile_slot). Warp-collective; scratch: this warp's
+// [128] floats.
 __device__ void quantize_vector(const TQKernelCodec& codec, const TQQuantizeProblem& p,
                                 const float (&x_in)[4], int64_t row, int head, int role,
-                                float* scratch, int lane) {
+                                const TileSlot& dst, float* scratch, int lane) {
   float x[4] = {x_in[0], x_in[1], x_in[2], x_in[3]};
   if (p.states != nullptr) {  // centering: x - float(mean)
     const TQSequenceState& st = p.states[p.row_seq[row]];
@@ -89,14 +110,9 @@ __device__ void quantize_vector(const TQKernelCodec& codec, const TQQuantizeProb
     if (cn > 0) stored = __fdiv_rn(n, cn);
   }
 
-  // 6. pack into the tile: block row_pos / 256 of the row's sequence, tile (head, pos % 256 / 32)
-  const int token = p.row_pos[row];
-  uint8_t* block =
-      p.block_table[size_t(p.row_seq[row]) * p.table_stride + token / (32 * kTilesPerBlock)];
-  uint8_t* tile = block + (size_t(head) * kTilesPerBlock +
-                           (token % (32 * kTilesPerBlock)) / L::kTileTokens) *
-                              size_t(lay.tile_bytes());
-  const int tok = token % L::kTileTokens;
+  // 6. pack into the tile
+  uint8_t* tile = dst.tile;
+  const int tok = dst.tok;
   if (role == 0) {
     // The token's key is one whole slot of key_bits words in its lane (dims 32c .. 32c + 31 of
     // quarter c = lane / 8): lane l's 4 key_bits bits land at bit 4 key_bits (l % 8) of the
@@ -159,21 +175,22 @@ __device__ void quantize_vector(const TQKernelCodec& codec, const TQQuantizeProb
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     tq_quantize_kernel(const TQKernelCodec codec, const TQQuantizeProblem p) {
-  pdl_wait();  // launched with PDL (launch.h)
-  pdl_release();
   __shared__ float scratch[kWarpsPerBlock][L::kHeadDim];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t vec = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
   const int64_t total = int64_t(p.rows) * p.kv_heads * 2;
-  if (vec >= total) return;
   const int role = int(vec % 2);  // 0 key, 1 value
   const int64_t rest = vec / 2;
   const int head = int(rest % p.kv_heads);
   const int64_t row = rest / p.kv_heads;
+  const TileSlot dst = vec < total ? tile_slot(codec, p, row, head) : TileSlot{};
+  pdl_wait();  // launched with PDL (launch.h); the tile slot is host data (tile_slot)
+  pdl_release();
+  if (vec >= total) return;
   const float* src = (role == 0 ? p.k : p.v) + (row * p.kv_heads + head) * L::kHeadDim;
   const float4 x4 = reinterpret_cast<const float4*>(src)[lane];
   const float x[4] = {x4.x, x4.y, x4.z, x4.w};
-  quantize_vector(codec, p, x, row, head, role, scratch[warp], lane);
+  quantize_vector(codec, p, x, row, head, role, dst, scratch[warp], lane);
 }
 
 // One warp per (row, head slot): slots [0, heads) are query heads (written to q), then the KV
@@ -185,30 +202,40 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 constexpr int kRopeWarps = 16;
 __global__ void __launch_bounds__(kRopeWarps * 32)
     tq_rope_quantize_kernel(const TQKernelCodec codec, const TQRopeQuantizeProblem p) {
-  pdl_wait();  // launched with PDL (launch.h)
   __shared__ float scratch[kRopeWarps][L::kHeadDim];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int kv_heads = p.cache.kv_heads;
   const int slots = p.heads + 2 * kv_heads;
   const int64_t vec = int64_t(blockIdx.x) * kRopeWarps + warp;
-  if (vec >= int64_t(p.cache.rows) * slots) return;
+  const bool valid = vec < int64_t(p.cache.rows) * slots;
   const int slot = int(vec % slots);
   const int64_t row = vec / slots;
+  const bool rotates = valid && slot < p.heads + kv_heads && p.rotary_dim > 0;
+  // Before waiting for the previous kernel (launched with PDL, launch.h), what depends only on
+  // host data (positions, inv_freq, rows and block tables): the rotation's cos and sin of pair
+  // i (< half), computed once, by lane i % 32 (its k = i / 32), and shuffled below to the two
+  // lanes that rotate with them; and a key's or value's destination tile.
+  float cs[2][2] = {{0, 0}, {0, 0}};
+  if (rotates) {
+    const int half = p.rotary_dim / 2;  // <= 64
+    const float position = float(p.positions[row]);
+    for (int k = 0; k < 2; ++k) {
+      const int i = lane + 32 * k;
+      if (i < half) rope_cos_sin(position, p.inv_freq[i], p.attention_scaling, &cs[k][0], &cs[k][1]);
+    }
+  }
+  const int kv = slot - p.heads;
+  const TileSlot dst =
+      valid && kv >= 0 ? tile_slot(codec, p.cache, row, kv % kv_heads) : TileSlot{};
+  pdl_wait();
+  if (!valid) return;
   const int width = (p.heads + 2 * kv_heads) * L::kHeadDim;
   const int col = slot * L::kHeadDim + 4 * lane;
   const float4 x4 = *reinterpret_cast<const float4*>(p.qkv + row * width + col);
   float x[4] = {x4.x, x4.y, x4.z, x4.w};
   for (int j = 0; j < 4; ++j) x[j] = __fadd_rn(x[j], p.bias != nullptr ? p.bias[col + j] : 0.0f);
-  if (slot < p.heads + kv_heads && p.rotary_dim > 0) {
-    const int half = p.rotary_dim / 2;  // <= 64
-    const float position = float(p.positions[row]);
-    // cos and sin of pair i (< half) are computed once, by lane i % 32 (its k = i / 32), and
-    // shuffled to the two lanes that rotate with them.
-    float cs[2][2] = {{0, 0}, {0, 0}};
-    for (int k = 0; k < 2; ++k) {
-      const int i = lane + 32 * k;
-      if (i < half) rope_cos_sin(position, p.inv_freq[i], p.attention_scaling, &cs[k][0], &cs[k][1]);
-    }
+  if (rotates) {
+    const int half = p.rotary_dim / 2;
     const bool low = 4 * lane < half, rotated = 4 * lane < p.rotary_dim;
     const int partner = low ? lane + half / 4 : rotated ? lane - half / 4 : lane;
     for (int j = 0; j < 4; ++j) {
@@ -237,8 +264,7 @@ __global__ void __launch_bounds__(kRopeWarps * 32)
     pdl_release();
     return;
   }
-  const int kv = slot - p.heads;
-  quantize_vector(codec, p.cache, x, row, kv % kv_heads, kv / kv_heads, scratch[warp], lane);
+  quantize_vector(codec, p.cache, x, row, kv % kv_heads, kv / kv_heads, dst, scratch[warp], lane);
   pdl_release();
 }
 

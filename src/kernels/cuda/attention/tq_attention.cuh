@@ -99,14 +99,17 @@ __device__ __forceinline__ SequenceTiles<kTileBytes> sequence_tiles(const Attent
                                    size_t(bc.kv_head) * kBlockTiles * kTileBytes + extra};
 }
 
-// Long splits: warp 0 prefetches the split's first kPrefetchTiles tiles to L2 (a tile per
-// lane per round), so HBM is busy while the prologue runs and the first steps hit L2
-// (measured: from tile 0, not from the second round, is faster).
+// Splits of at least min_tiles tiles: warp 0 prefetches the split's first kPrefetchTiles
+// tiles to L2 (a tile per lane per round), so HBM is busy while the prologue runs and the
+// first steps hit L2 (measured: from tile 0, not from the second round, is faster). A plain
+// launch does it for long splits only (kPrefetchFrom; shorter ones lost by it); launched with
+// PDL, every split does it while the previous kernel finishes.
 template <int kTileBytes>
 __device__ __forceinline__ void prefetch_split_start(const AttentionArgs& a,
                                                      const SequenceTiles<kTileBytes>& seq,
-                                                     int max_tiles, int warp, int lane) {
-  if (warp != 0 || a.tiles_per_split < kPrefetchFrom) return;
+                                                     int max_tiles, int warp, int lane,
+                                                     int min_tiles) {
+  if (warp != 0 || a.tiles_per_split < min_tiles) return;
   const int begin = blockIdx.x * a.tiles_per_split;
   const int end = min(min(begin + a.tiles_per_split, max_tiles), begin + kPrefetchTiles);
   for (int t = begin + lane; t < end; t += 32) {
@@ -300,11 +303,17 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 1)
   const int max_tiles = a.table_stride * kBlockTiles;
   // Launched with PDL: what reads nothing the previous kernel may write runs before waiting for
   // it (the tables come from the codec argument). The block table may be rewritten by the
-  // previous kernels' host-side stream order only, never by a kernel, so the prefetch may read
-  // it; an L2 prefetch is only a hint.
+  // previous kernels' host-side stream order only, never by a kernel, so the prefetch and the
+  // address of the warp's first tile may read it; an L2 prefetch is only a hint (the tiles'
+  // own loads wait: the previous kernel writes the newest token's tile).
+  const SequenceTiles<kTileBytes> seq_tiles = sequence_tiles<kTileBytes>(a, bc, 16 * lane);
+  const int first = blockIdx.x * a.tiles_per_split + warp;
+  const bool has_first = first < min((blockIdx.x + 1) * a.tiles_per_split, max_tiles);
+  const uint8_t* first_tile = nullptr;
   if (kProgrammatic) {
     fill_tables<kKeyBits, kValueBits>(smem + table_offset, codec);
-    prefetch_split_start(a, sequence_tiles<kTileBytes>(a, bc, 0), max_tiles, warp, lane);
+    prefetch_split_start(a, sequence_tiles<kTileBytes>(a, bc, 0), max_tiles, warp, lane, 1);
+    if (has_first) first_tile = seq_tiles.tile(first);
     wait_for_previous_kernel();
   }
   // The query row and the sequence length are requested first (measured: the prologue ends
@@ -317,16 +326,15 @@ __global__ void __launch_bounds__(kBlockWarps * 32, 1)
   // Value operands are fp16: norms above kMaxPlainValueNorm are scaled down by a power of two
   // (exact), and the merge scales the output back up.
   const float value_scale = value_operand_scale(a);
-  const SequenceTiles<kTileBytes> seq_tiles = sequence_tiles<kTileBytes>(a, bc, 16 * lane);
   TileRegs<kKeyBits, kValueBits> buf[2];
-  const int first = blockIdx.x * a.tiles_per_split + warp;
-  if (first < min((blockIdx.x + 1) * a.tiles_per_split, max_tiles)) {
-    const uint8_t* tile = seq_tiles.tile(first);
+  if (has_first) {
+    const uint8_t* tile = kProgrammatic ? first_tile : seq_tiles.tile(first);
     load_tile_keys(buf[0], tile, lane);
     load_tile_values(buf[0], tile);
   }
   if (!kProgrammatic) {
-    prefetch_split_start(a, sequence_tiles<kTileBytes>(a, bc, 0), max_tiles, warp, lane);
+    prefetch_split_start(a, sequence_tiles<kTileBytes>(a, bc, 0), max_tiles, warp, lane,
+                         kPrefetchFrom);
     // The tables do not depend on the length: filled while it and the query are on their way
     // (measured: -0.5 to -1%).
     fill_tables<kKeyBits, kValueBits>(smem + table_offset, codec);
