@@ -1,9 +1,12 @@
 // Launches of the model's kernels with programmatic dependent launch (PDL): a kernel launched
 // so may be scheduled while the kernel before it on the stream is still finishing, which hides
 // the launch gap between the many small kernels of a decode step (also inside a CUDA graph).
-// Every kernel launched through launch_pdl calls pdl_wait() before anything else (before any
-// early return, in every block): it then reads and writes memory only once the previous
-// kernel has completed and its writes are visible, so results are those of a plain launch.
+// Every kernel launched through launch_pdl calls pdl_wait() in every block before any early
+// return and before touching memory a kernel may write: it then reads and writes such memory
+// only once the previous kernel has completed and its writes are visible, so results are those
+// of a plain launch. Before the wait a kernel may read only what the host wrote for the step
+// (positions, rows, block tables: uploaded before the step's first kernel, which starts only
+// once the upload is done).
 // pdl_release() lets the next kernel be scheduled; kernels call it where they no longer need
 // the SMs to themselves (small kernels at once, streaming kernels after their main loop).
 // TURBOKV_PDL=0 in the environment: plain launches (debugging, and the benchmark's comparison).
