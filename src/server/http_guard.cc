@@ -322,15 +322,10 @@ size_t ConnectionRegistry::size() const {
 
 GuardedHttpServer::GuardedHttpServer(const ConnectionLimits& limits) : limits_(limits) {
   new_task_queue = [this] { return new GuardedPool(limits_, registry_, backlog_); };
-  // httplib's own options (address reuse) and the fd, so that bind_listener can widen the
+  // httplib's own options (address reuse), and the fd, so that bind_listener can widen the
   // backlog of 5 that httplib's listen() uses.
   set_socket_options([this](socket_t sock) {
-    int yes = 1;
-#ifdef SO_REUSEPORT
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEPORT, &yes, sizeof(yes));
-#else
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-#endif
+    httplib::default_socket_options(sock);
     listen_fd_ = sock;
   });
   // What httplib advertises in Keep-Alive headers; the loop below enforces it.
