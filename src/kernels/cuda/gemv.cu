@@ -76,38 +76,56 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc)
   return acc;
 }
 
-// Launched with PDL (launch.h): waits for the previous kernel first, releases the next one
-// after its loop.
+// The first round of a weight row's chunks (chunks lane + 32 u, u < kUnroll) when the row has
+// a whole round. Weights are never written by a kernel, so PDL-launched kernels load them
+// before waiting for the previous kernel: the first HBM round trip overlaps its end.
+template <int R>
+__device__ __forceinline__ void first_round(const uint4* const (&wr)[R], int64_t chunks, int lane,
+                                            bool valid, uint4 (&wv)[R][kUnroll]) {
+  if (!valid || lane + 32 * (kUnroll - 1) >= chunks) return;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) wv[r][u] = load_stream(wr[r] + lane + 32 * u);
+  }
+}
+
+// Launched with PDL (launch.h): loads its first round of weights, waits for the previous
+// kernel, releases the next one after its loop.
 template <typename T, int M, bool kF32Input>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const void* __restrict__ x, const T* __restrict__ w, int64_t n, int64_t k,
                 float* __restrict__ y, int64_t ldy, int accumulate) {
-  pdl_wait();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kWarps + warp;
-  if (row >= n) return;
   const int64_t chunks = k / 8;
-  const uint4* wr = reinterpret_cast<const uint4*>(w + row * k);
+  const uint4* const wr[1] = {reinterpret_cast<const uint4*>(w + (row < n ? row : 0) * k)};
+  uint4 wv[1][kUnroll];
+  first_round<1>(wr, chunks, lane, row < n, wv);
+  pdl_wait();
+  if (row >= n) return;
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0;
   int64_t c = lane;
   for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
-    uint4 wv[kUnroll];
+    if (c != lane) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) wv[u] = load_stream(wr + c + 32 * u);
+      for (int u = 0; u < kUnroll; ++u) wv[0][u] = load_stream(wr[0] + c + 32 * u);
+    }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        acc[m] = dot8<T>(wv[u], x_chunk<T, kF32Input>(x, m * chunks + c + 32 * u), acc[m]);
+        acc[m] = dot8<T>(wv[0][u], x_chunk<T, kF32Input>(x, m * chunks + c + 32 * u), acc[m]);
       }
     }
   }
   for (; c < chunks; c += 32) {
-    const uint4 wv = load_stream(wr + c);
+    const uint4 wv = load_stream(wr[0] + c);
 #pragma unroll
-    for (int m = 0; m < M; ++m) acc[m] = dot8<T>(wv, x_chunk<T, kF32Input>(x, m * chunks + c), acc[m]);
+    for (int m = 0; m < M; ++m)
+      acc[m] = dot8<T>(wv, x_chunk<T, kF32Input>(x, m * chunks + c), acc[m]);
   }
   pdl_release();
 #pragma unroll
@@ -125,27 +143,27 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// Rows rows[0..R) of w against the M rows of x, their loads interleaved (R * kUnroll chunks in
-// flight per lane): each row's partial sums in the order of gemv_kernel, then the same shuffle
-// tree (every lane gets the sums), so a row's result does not depend on R.
+// Rows wr[0..R) of w against the M rows of x, their loads interleaved (R * kUnroll chunks in
+// flight per lane), the first round already in wv (first_round): each row's partial sums in
+// the order of gemv_kernel, then the same shuffle tree (every lane gets the sums), so a row's
+// result does not depend on R.
 template <typename T, int M, int R>
-__device__ __forceinline__ void row_dots(const void* x, const T* w, const int64_t (&rows)[R],
-                                         int64_t k, int lane, float (&acc)[R][M]) {
+__device__ __forceinline__ void row_dots(const void* x, const uint4* const (&wr)[R], int64_t k,
+                                         int lane, uint4 (&wv)[R][kUnroll], float (&acc)[R][M]) {
   const int64_t chunks = k / 8;
-  const uint4* wr[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    wr[r] = reinterpret_cast<const uint4*>(w + rows[r] * k);
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0;
   }
   int64_t c = lane;
   for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
-    uint4 wv[R][kUnroll];
+    if (c != lane) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
+      for (int r = 0; r < R; ++r) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) wv[r][u] = load_stream(wr[r] + c + 32 * u);
+        for (int u = 0; u < kUnroll; ++u) wv[r][u] = load_stream(wr[r] + c + 32 * u);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -182,16 +200,20 @@ __device__ __forceinline__ void row_dots(const void* x, const T* w, const int64_
 // act(gate + gate_bias) * (up + up_bias) narrowed to T (gated_activation's arithmetic).
 template <typename T, int M>
 __global__ void __launch_bounds__(kWarps * 32)
-    gemv_gated_kernel(const void* __restrict__ x, const T* __restrict__ w, int64_t inter,
-                      int64_t k, const float* gate_bias, const float* up_bias, Activation act,
+    gemv_gated_kernel(const void* __restrict__ x, const T* __restrict__ w, int64_t inter, int64_t k,
+                      const float* gate_bias, const float* up_bias, Activation act,
                       T* __restrict__ out) {
-  pdl_wait();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t i = int64_t(blockIdx.x) * kWarps + warp;
+  const int64_t gate = i < inter ? i : 0;
+  const uint4* const wr[2] = {reinterpret_cast<const uint4*>(w + gate * k),             // gate row
+                              reinterpret_cast<const uint4*>(w + (inter + gate) * k)};  // up row
+  uint4 wv[2][kUnroll];
+  first_round<2>(wr, k / 8, lane, i < inter, wv);  // weights: before the wait (first_round)
+  pdl_wait();
   if (i >= inter) return;
-  const int64_t rows[2] = {i, inter + i};  // gate row, up row
   float acc[2][M];
-  row_dots<T, M, 2>(x, w, rows, k, lane, acc);
+  row_dots<T, M, 2>(x, wr, k, lane, wv, acc);
   pdl_release();
   if (lane < M) {
     float gs = acc[0][0], us = acc[1][0];
@@ -224,10 +246,10 @@ void launch(const void* x, const void* w, int64_t m, int64_t n, int64_t k, float
   const T* wt = static_cast<const T*>(w);
   const int acc = accumulate ? 1 : 0;
   switch (m) {
-#define TURBOKV_GEMV_CASE(M)                                                                 \
-  case M:                                                                                    \
-    launch_pdl(gemv_kernel<T, M, kF32Input>, blocks, dim3(kWarps * 32), 0, stream, x, wt, n, \
-               k, y, ldy, acc);                                                              \
+#define TURBOKV_GEMV_CASE(M)                                                                       \
+  case M:                                                                                          \
+    launch_pdl(gemv_kernel<T, M, kF32Input>, blocks, dim3(kWarps * 32), 0, stream, x, wt, n, k, y, \
+               ldy, acc);                                                                          \
     break;
     TURBOKV_GEMV_CASE(1)
     TURBOKV_GEMV_CASE(2)
@@ -251,8 +273,8 @@ bool gemv_supported(const void* x, const void* w, Elem elem, int64_t m, int64_t 
 
 namespace {
 
-void run(const void* x, bool f32_input, const void* w, Elem elem, int64_t m, int64_t n,
-         int64_t k, float* y, int64_t ldy, bool accumulate, cudaStream_t stream) {
+void run(const void* x, bool f32_input, const void* w, Elem elem, int64_t m, int64_t n, int64_t k,
+         float* y, int64_t ldy, bool accumulate, cudaStream_t stream) {
   if (n == 0) return;
   if (!gemv_supported(x, w, elem, m, k) || n < 0 || ldy < n || n > (int64_t(1) << 36)) {
     throw InvalidArgument(str_cat("gemv: m ", m, ", n ", n, ", k ", k, ", ldy ", ldy,
@@ -294,10 +316,10 @@ void launch_gated(const void* x, const void* w, int64_t m, int64_t inter, int64_
   const T* wt = static_cast<const T*>(w);
   T* o = static_cast<T*>(out);
   switch (m) {
-#define TURBOKV_GATED_CASE(M)                                                                \
-  case M:                                                                                    \
-    launch_pdl(gemv_gated_kernel<T, M>, blocks, dim3(kWarps * 32), 0, stream, x, wt, inter, \
-               k, gate_bias, up_bias, act, o);                                               \
+#define TURBOKV_GATED_CASE(M)                                                                  \
+  case M:                                                                                      \
+    launch_pdl(gemv_gated_kernel<T, M>, blocks, dim3(kWarps * 32), 0, stream, x, wt, inter, k, \
+               gate_bias, up_bias, act, o);                                                    \
     break;
     TURBOKV_GATED_CASE(1)
     TURBOKV_GATED_CASE(2)
