@@ -63,8 +63,8 @@ __device__ __forceinline__ VectorSetup vector_setup(const TQKernelCodec& codec,
   return s;
 }
 
-// Quantizes one vector (lane l holds elements 4l .. 4l+3) of KV head `head`, role 0 (key) or
-// 1 (value), into its tile (vector_setup). Warp-collective; scratch: this warp's [128] floats.
+// Quantizes one vector (lane l holds elements 4l .. 4l+3), role 0 (key) or 1 (value), into
+// its tile (vector_setup). Warp-collective; scratch: this warp's [128] floats.
 __device__ void quantize_vector(const TQKernelCodec& codec, const TQQuantizeProblem& p,
                                 const float (&x_in)[4], int role, const VectorSetup& setup,
                                 float* scratch, int lane) {
@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // Blocks of kRopeWarps warps. The next kernel (the fused attention) is released right after
 // the wait, so it fills its tables and prefetches its first tiles while this one computes: a
 // decode step's few blocks of this kernel leave the SMs the attention grid needs (measured on
-// an H100, attn4 at batch 1, 32k: +1-2% per step over releasing at the end).
+// an H100, attn4 at batch 1, 32k: +1-1.5% per step over releasing at the end).
 constexpr int kRopeWarps = 16;
 __global__ void __launch_bounds__(kRopeWarps * 32)
     tq_rope_quantize_kernel(const TQKernelCodec codec, const TQRopeQuantizeProblem p) {

@@ -27,7 +27,9 @@ struct TQQuantizeProblem {
   unsigned* value_norm_max = nullptr;
   // Optional [sequences] (device; nullptr: none): centering, the coded vector of a row is
   // x - float(mean) (fp32 subtraction, the CPU cache's) with its sequence's key_mean /
-  // value_mean where set.
+  // value_mean where set. The kernels read this array, row_seq, row_pos and the block table
+  // before their PDL wait: the host writes them, never a kernel of the step (a kernel may write
+  // the means they point to).
   const TQSequenceState* states = nullptr;
 };
 
