@@ -197,6 +197,8 @@ struct KVPoolUse {
   size_t used_bytes = 0;      // in blocks handed out (sequences and the prefix cache)
   size_t reserved_bytes = 0;  // promised to admitted requests
   int64_t blocks = 0;         // blocks handed out
+  // The most that promises may total: capacity less what the pool keeps back (0: capacity).
+  size_t promisable_bytes = 0;
 };
 
 struct EngineMetrics {

@@ -98,6 +98,7 @@ LoadedModel load_model(const std::string& dir, const DeviceOptions& options) {
     u.capacity_bytes = st.capacity_bytes;
     u.used_bytes = st.used_bytes;
     u.reserved_bytes = st.reserved_bytes;
+    u.promisable_bytes = st.promisable_bytes;
     u.blocks = st.blocks_in_use;
     return u;
   };

@@ -89,6 +89,11 @@ struct Scheduler::Sequence {
 
 namespace {
 
+// The most that the pool's promises may total.
+size_t promisable(const KVPoolUse& u) {
+  return u.promisable_bytes > 0 ? u.promisable_bytes : u.capacity_bytes;
+}
+
 std::vector<int32_t> undecodable_ids(const Tokenizer& tokenizer, int vocab_size) {
   std::vector<int32_t> ids;
   const int known = std::min(vocab_size, tokenizer.vocab_size());
@@ -376,7 +381,7 @@ void Scheduler::admit_waiting() {
         // of running requests leave room for it.
         if (!promised && prefix_ && prefix_->pooled_bytes() > 0 && admission_.use) {
           const KVPoolUse before = admission_.use();
-          if (before.reserved_bytes - prefix_->pooled_bytes() + need <= before.capacity_bytes) {
+          if (before.reserved_bytes - prefix_->pooled_bytes() + need <= promisable(before)) {
             while (!promised && prefix_->evict_oldest()) promised = admission_.reserve(need);
           }
         }
@@ -384,12 +389,18 @@ void Scheduler::admit_waiting() {
         if (!promised) {
           const size_t stored = prefix_ ? std::min(prefix_->pooled_bytes(), use.reserved_bytes) : 0;
           if (use.reserved_bytes == stored) {  // no running request holds a promise: never fits
-            throw InvalidArgument(str_cat("the request's KV cache (", tokens, " tokens, ",
-                                          (need + (1 << 20) - 1) >> 20,
-                                          " MiB) does not fit the KV pool of ",
-                                          use.capacity_bytes >> 20,
-                                          " MiB; ask for fewer tokens or a smaller kv_bits"),
-                                  "max_tokens");
+            const size_t can = promisable(use);
+            throw InvalidArgument(
+                str_cat("the request's KV cache (", tokens, " tokens, ",
+                        (need + (1 << 20) - 1) >> 20, " MiB) does not fit the KV pool of ",
+                        use.capacity_bytes >> 20, " MiB",
+                        can < use.capacity_bytes
+                            ? str_cat(", of which ", can >> 20,
+                                      " MiB can be promised to requests (the rest is kept for "
+                                      "blocks of other sizes)")
+                            : std::string(),
+                        "; ask for fewer tokens, a smaller kv_bits or a larger KV pool"),
+                "max_tokens");
           }
           if (!front->kv_waited) {
             front->kv_waited = true;

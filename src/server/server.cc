@@ -517,6 +517,10 @@ std::string Server::Impl::metrics_text() const {
          static_cast<double>(m.kv_pool.used_bytes));
   metric("turbokv_kv_pool_reserved_bytes", "gauge",
          "device KV pool bytes promised to admitted requests", static_cast<double>(m.kv_pool.reserved_bytes));
+  metric("turbokv_kv_pool_promisable_bytes", "gauge",
+         "the most that promises to requests may total (the pool keeps the rest for blocks of "
+         "other sizes)",
+         static_cast<double>(m.kv_pool.promisable_bytes));
   metric("turbokv_kv_pool_blocks", "gauge", "device KV pool blocks handed out",
          static_cast<double>(m.kv_pool.blocks));
   metric("turbokv_kv_pool_waits_total", "counter",

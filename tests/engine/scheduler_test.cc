@@ -327,6 +327,57 @@ TEST(Scheduler, KVPoolAdmitsByPromisedBytesAndQueuesTheRest) {
   EXPECT_EQ(pool.reserved, 0u);
 }
 
+// A pool that promises less than its size (the device pool keeps chunks back for blocks of
+// other sizes): a request between the two is refused with both figures, not as if it fit.
+TEST(Scheduler, KVPoolRefusalNamesWhatThePoolCanPromise) {
+  constexpr size_t kMiB = size_t(1) << 20;
+  std::mutex mu;
+  size_t reserved = 0;
+  KVAdmission a;
+  a.bytes_for = [](const ResolvedKV&, int64_t tokens) { return size_t(tokens) * kMiB; };
+  a.reserve = [&](size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (reserved + bytes > 64 * kMiB) return false;
+    reserved += bytes;
+    return true;
+  };
+  a.release = [&](size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu);
+    reserved -= bytes;
+  };
+  a.use = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    KVPoolUse u;
+    u.capacity_bytes = 192 * kMiB;
+    u.promisable_bytes = 64 * kMiB;
+    u.reserved_bytes = reserved;
+    return u;
+  };
+  FakeModel model(4096);
+  FakeTokenizer tokenizer;
+  Scheduler scheduler(model, tokenizer, {testing::kFakeEos}, EngineOptions{},
+                      testing::make_token_caches, a);
+  scheduler.start();
+  // 1 + 67 tokens: 68 MiB, under the 192 MiB pool but over the 64 MiB it can promise.
+  auto big = scheduler.submit({1}, max_tokens(67));
+  GenerationChunk c;
+  try {
+    while (big->next(&c)) {
+    }
+    ADD_FAILURE() << "a request larger than the pool's promises ran";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("68 MiB) does not fit the KV pool of 192 MiB"), std::string::npos) << what;
+    EXPECT_NE(what.find("64 MiB can be promised"), std::string::npos) << what;
+  }
+  // 1 + 63 tokens = 64 MiB fits the promise and runs.
+  GenerateOptions o = max_tokens(63);
+  o.ignore_eos = true;
+  EXPECT_EQ(drain(*scheduler.submit({2}, o)).tokens, expected_ignoring_eos({2}, 63));
+  EXPECT_EQ(scheduler.metrics().kv_pool.promisable_bytes, 64 * kMiB);
+  EXPECT_EQ(reserved, 0u);
+}
+
 TEST(Scheduler, FailingRequestReportsItsErrorAndTheEngineKeepsServing) {
   Harness h;
   h.scheduler.start();

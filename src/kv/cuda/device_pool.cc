@@ -145,9 +145,12 @@ size_t DeviceBlockPool::bytes_for_blocks(int64_t blocks, size_t block_bytes) {
   return size_t(blocks) * (kChunkBytes / per_chunk);
 }
 
+size_t DeviceBlockPool::promisable_bytes() const {
+  return (chunks_ > kMarginChunks ? chunks_ - kMarginChunks : 1) * kChunkBytes;
+}
+
 bool DeviceBlockPool::reserve(size_t bytes) {
-  const size_t budget = (chunks_ > kMarginChunks ? chunks_ - kMarginChunks : 1) * kChunkBytes;
-  if (reserved_bytes_ + bytes > budget) return false;
+  if (reserved_bytes_ + bytes > promisable_bytes()) return false;
   reserved_bytes_ += bytes;
   return true;
 }
@@ -161,6 +164,7 @@ PoolStats DeviceBlockPool::stats() const {
   s.capacity_bytes = chunks_ * kChunkBytes;
   s.used_bytes = used_bytes_;
   s.reserved_bytes = reserved_bytes_;
+  s.promisable_bytes = promisable_bytes();
   s.blocks_in_use = blocks_in_use_;
   s.chunks_total = int64_t(chunks_);
   s.chunks_in_use = int64_t(chunks_ - free_chunks_.size());

@@ -27,6 +27,9 @@ struct PoolStats {
   size_t capacity_bytes = 0;  // the budget
   size_t used_bytes = 0;      // bytes of blocks handed out
   size_t reserved_bytes = 0;  // promised to admitted requests (>= what they use so far)
+  // The most that promises may total: all chunks but kMarginChunks, kept back because a chunk
+  // holds blocks of one size only.
+  size_t promisable_bytes = 0;
   int64_t blocks_in_use = 0;
   int64_t chunks_in_use = 0;
   int64_t chunks_total = 0;
@@ -67,6 +70,8 @@ class DeviceBlockPool {
   // promise next to the ones it made.
   bool reserve(size_t bytes);
   void unreserve(size_t bytes);
+  // The most that promises may total (PoolStats::promisable_bytes).
+  size_t promisable_bytes() const;
 
   PoolStats stats() const;
 
