@@ -21,6 +21,24 @@ nlohmann::json error_body(const std::string& message, const std::string& type,
   return {{"error", e}};
 }
 
+ErrorReply error_reply(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const ApiError& e) {
+    return {e.status, e.what(), e.type, e.param, e.code};
+  } catch (const Overloaded& e) {
+    return {429, e.what(), "server_busy", std::nullopt, "overloaded"};
+  } catch (const InvalidArgument& e) {
+    std::optional<std::string> param;
+    if (!e.param().empty()) param = e.param();
+    return {400, e.what(), "invalid_request_error", param, "invalid_value"};
+  } catch (const std::exception& e) {
+    return {500, e.what(), "server_error", std::nullopt, std::nullopt};
+  } catch (...) {
+    return {500, "internal error", "server_error", std::nullopt, std::nullopt};
+  }
+}
+
 namespace {
 
 ApiError invalid(const std::string& param, const std::string& message) {

@@ -2,6 +2,7 @@
 // engine requests, and the JSON of responses, stream chunks and errors.
 #pragma once
 
+#include <exception>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -31,6 +32,17 @@ class ApiError : public Error {
 nlohmann::json error_body(const std::string& message, const std::string& type,
                           const std::optional<std::string>& param,
                           const std::optional<std::string>& code);
+
+// What an exception becomes in a response: ApiError as it says, Overloaded 429 (server_busy),
+// InvalidArgument 400 (invalid_request_error, its param), any other std::exception 500
+// (server_error, its message), anything else 500 "internal error". The same for a plain reply
+// and for the error event of a stream whose status was already sent.
+struct ErrorReply {
+  int status = 500;
+  std::string message, type;
+  std::optional<std::string> param, code;
+};
+ErrorReply error_reply(const std::exception_ptr& error);
 
 struct RequestLimits {
   int max_tokens = 4096;  // largest max_tokens a request may ask for (also the default)

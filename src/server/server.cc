@@ -92,16 +92,9 @@ template <typename Fn>
 void answer_errors(httplib::Response& res, Fn fn) {
   try {
     fn();
-  } catch (const ApiError& e) {
-    send_error(res, e.status, e.what(), e.type, e.param, e.code);
-  } catch (const Overloaded& e) {
-    send_error(res, 429, e.what(), "server_busy", std::nullopt, "overloaded");
-  } catch (const InvalidArgument& e) {
-    std::optional<std::string> param;
-    if (!e.param().empty()) param = e.param();
-    send_error(res, 400, e.what(), "invalid_request_error", param, "invalid_value");
-  } catch (const std::exception& e) {
-    send_error(res, 500, e.what(), "server_error");
+  } catch (const std::exception&) {
+    const ErrorReply r = error_reply(std::current_exception());
+    send_error(res, r.status, r.message, r.type, r.param, r.code);
   }
 }
 
@@ -451,9 +444,11 @@ void Server::Impl::completion(const std::string& text, httplib::Response& res, b
             stream->next(&c);
             if (c.token >= 0 && want_logprobs) state->logprobs.add(c);
           } while (c.text.empty() && !c.done);
-        } catch (const std::exception& e) {
+        } catch (const std::exception&) {
+          // The status (200) is sent: the error goes in an event, typed as a reply would be.
           state->finished = true;
-          write(sse(error_body(e.what(), "server_error", std::nullopt, std::nullopt)));
+          const ErrorReply r = error_reply(std::current_exception());
+          write(sse(error_body(r.message, r.type, r.param, r.code)));
           write("data: [DONE]\n\n");
           sink.done();
           return true;

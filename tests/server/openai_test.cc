@@ -252,5 +252,30 @@ TEST(OpenAIError, BodyHasTheFourFields) {
   EXPECT_TRUE(body["error"]["code"].is_null());
 }
 
+// A stream's error event and a plain reply type an exception alike.
+TEST(OpenAIError, ExceptionsBecomeTypedReplies) {
+  auto reply = [](auto e) { return error_reply(std::make_exception_ptr(e)); };
+  const ErrorReply bad = reply(InvalidArgument("does not fit", "max_tokens"));
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(bad.message, "does not fit");
+  EXPECT_EQ(bad.type, "invalid_request_error");
+  EXPECT_EQ(bad.param, "max_tokens");
+  EXPECT_EQ(bad.code, "invalid_value");
+  const ErrorReply busy = reply(Overloaded("full"));
+  EXPECT_EQ(busy.status, 429);
+  EXPECT_EQ(busy.type, "server_busy");
+  EXPECT_EQ(busy.code, "overloaded");
+  const ErrorReply api = reply(ApiError(404, "no such model", "invalid_request_error", "model",
+                                        "model_not_found"));
+  EXPECT_EQ(api.status, 404);
+  EXPECT_EQ(api.code, "model_not_found");
+  const ErrorReply other = reply(std::runtime_error("disk on fire"));
+  EXPECT_EQ(other.status, 500);
+  EXPECT_EQ(other.type, "server_error");
+  EXPECT_EQ(other.message, "disk on fire");
+  EXPECT_FALSE(other.param.has_value());
+  EXPECT_EQ(reply(42).message, "internal error");
+}
+
 }  // namespace
 }  // namespace turbokv::server
