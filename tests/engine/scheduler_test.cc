@@ -264,15 +264,18 @@ TEST(Scheduler, FullQueueIsOverloaded) {
 
 // A KV pool of 1000 bytes where a sequence takes 100 bytes per token: requests are admitted
 // only with a promise, wait in the queue for one, and one that can never fit fails.
+// promisable > 0: promises may total only that much (the device pool keeps chunks back).
 struct FakePool {
   std::mutex mu;
-  size_t capacity = 1000, reserved = 0, most = 0;
+  size_t capacity = 1000, promisable = 0, token_bytes = 100, reserved = 0, most = 0;
   KVAdmission admission() {
     KVAdmission a;
-    a.bytes_for = [](const ResolvedKV&, int64_t tokens) { return size_t(tokens) * 100; };
+    a.bytes_for = [this](const ResolvedKV&, int64_t tokens) {
+      return size_t(tokens) * token_bytes;
+    };
     a.reserve = [this](size_t bytes) {
       std::lock_guard<std::mutex> lock(mu);
-      if (reserved + bytes > capacity) return false;
+      if (reserved + bytes > (promisable > 0 ? promisable : capacity)) return false;
       reserved += bytes;
       most = std::max(most, reserved);
       return true;
@@ -285,12 +288,27 @@ struct FakePool {
       std::lock_guard<std::mutex> lock(mu);
       KVPoolUse u;
       u.capacity_bytes = capacity;
+      u.promisable_bytes = promisable;
       u.reserved_bytes = reserved;
       return u;
     };
     return a;
   }
 };
+
+// The InvalidArgument message of a request the pool can never hold ("" and a failure if it
+// ran instead).
+std::string refusal(GenerationStream& stream) {
+  GenerationChunk c;
+  try {
+    while (stream.next(&c)) {
+    }
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "a request larger than the pool's promises ran";
+  return "";
+}
 
 TEST(Scheduler, KVPoolAdmitsByPromisedBytesAndQueuesTheRest) {
   FakePool pool;
@@ -313,16 +331,8 @@ TEST(Scheduler, KVPoolAdmitsByPromisedBytesAndQueuesTheRest) {
   EXPECT_EQ(m.kv_pool.capacity_bytes, 1000u);
   EXPECT_EQ(pool.reserved, 0u);  // every promise given back
   // 1 + 20 tokens = 2100 bytes: never fits, fails with a clear error; the engine goes on.
-  auto big = scheduler.submit({1}, max_tokens(20));
-  GenerationChunk c;
-  try {
-    while (big->next(&c)) {
-    }
-    ADD_FAILURE() << "a request larger than the pool ran";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("does not fit the KV pool"), std::string::npos)
-        << e.what();
-  }
+  const std::string what = refusal(*scheduler.submit({1}, max_tokens(20)));
+  EXPECT_NE(what.find("does not fit the KV pool"), std::string::npos) << what;
   EXPECT_EQ(drain(*scheduler.submit({3}, o)).tokens, expected_ignoring_eos({3}, 5));
   EXPECT_EQ(pool.reserved, 0u);
 }
@@ -331,51 +341,25 @@ TEST(Scheduler, KVPoolAdmitsByPromisedBytesAndQueuesTheRest) {
 // other sizes): a request between the two is refused with both figures, not as if it fit.
 TEST(Scheduler, KVPoolRefusalNamesWhatThePoolCanPromise) {
   constexpr size_t kMiB = size_t(1) << 20;
-  std::mutex mu;
-  size_t reserved = 0;
-  KVAdmission a;
-  a.bytes_for = [](const ResolvedKV&, int64_t tokens) { return size_t(tokens) * kMiB; };
-  a.reserve = [&](size_t bytes) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (reserved + bytes > 64 * kMiB) return false;
-    reserved += bytes;
-    return true;
-  };
-  a.release = [&](size_t bytes) {
-    std::lock_guard<std::mutex> lock(mu);
-    reserved -= bytes;
-  };
-  a.use = [&] {
-    std::lock_guard<std::mutex> lock(mu);
-    KVPoolUse u;
-    u.capacity_bytes = 192 * kMiB;
-    u.promisable_bytes = 64 * kMiB;
-    u.reserved_bytes = reserved;
-    return u;
-  };
+  FakePool pool;
+  pool.capacity = 192 * kMiB;
+  pool.promisable = 64 * kMiB;
+  pool.token_bytes = kMiB;
   FakeModel model(4096);
   FakeTokenizer tokenizer;
   Scheduler scheduler(model, tokenizer, {testing::kFakeEos}, EngineOptions{},
-                      testing::make_token_caches, a);
+                      testing::make_token_caches, pool.admission());
   scheduler.start();
   // 1 + 67 tokens: 68 MiB, under the 192 MiB pool but over the 64 MiB it can promise.
-  auto big = scheduler.submit({1}, max_tokens(67));
-  GenerationChunk c;
-  try {
-    while (big->next(&c)) {
-    }
-    ADD_FAILURE() << "a request larger than the pool's promises ran";
-  } catch (const InvalidArgument& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("68 MiB) does not fit the KV pool of 192 MiB"), std::string::npos) << what;
-    EXPECT_NE(what.find("64 MiB can be promised"), std::string::npos) << what;
-  }
+  const std::string what = refusal(*scheduler.submit({1}, max_tokens(67)));
+  EXPECT_NE(what.find("68 MiB) does not fit the KV pool of 192 MiB"), std::string::npos) << what;
+  EXPECT_NE(what.find("64 MiB can be promised"), std::string::npos) << what;
   // 1 + 63 tokens = 64 MiB fits the promise and runs.
   GenerateOptions o = max_tokens(63);
   o.ignore_eos = true;
   EXPECT_EQ(drain(*scheduler.submit({2}, o)).tokens, expected_ignoring_eos({2}, 63));
   EXPECT_EQ(scheduler.metrics().kv_pool.promisable_bytes, 64 * kMiB);
-  EXPECT_EQ(reserved, 0u);
+  EXPECT_EQ(pool.reserved, 0u);
 }
 
 TEST(Scheduler, FailingRequestReportsItsErrorAndTheEngineKeepsServing) {
