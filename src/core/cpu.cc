@@ -24,6 +24,11 @@ bool cpu_has_f16c() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
 }
+// AVX-VNNI from CPUID leaf 7, subleaf 1 (EAX bit 4): clang 14 has no "avxvnni" either.
+bool cpu_has_avxvnni() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 4)) != 0;
+}
 #endif
 
 }  // namespace
@@ -70,7 +75,7 @@ const char* cpu_feature_names() {
         {"avx512dq", __builtin_cpu_supports("avx512dq")},
         {"avx512vbmi", __builtin_cpu_supports("avx512vbmi")},
         {"avx512vnni", __builtin_cpu_supports("avx512vnni")},
-        {"avxvnni", __builtin_cpu_supports("avxvnni")},
+        {"avxvnni", cpu_has_avxvnni()},
     };
     for (const auto& [name, present] : features) {
       if (!present) continue;
