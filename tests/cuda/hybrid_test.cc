@@ -71,6 +71,71 @@ LayerKind cpu_config_kind(const Model& model, int layer) {
   return dynamic_cast<const DecoderModel&>(model).config().layer_kind[size_t(layer)];
 }
 
+// A model directory at tmp holding dir's weights and its config (`full`) cut to the first n
+// layers: gemma4 without per-layer inputs until its full depth, which their table needs.
+void write_layer_prefix(const std::string& dir, const nlohmann::json& full, int n,
+                        const std::string& tmp) {
+  const int layers = full.at("num_hidden_layers").get<int>();
+  std::filesystem::create_directories(tmp);
+  std::filesystem::copy_file(dir + "/model.safetensors", tmp + "/model.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  nlohmann::json cut = full;
+  cut["num_hidden_layers"] = n;
+  if (cut.contains("layer_types") && cut["layer_types"].is_array()) {
+    cut["layer_types"] =
+        std::vector<std::string>(cut["layer_types"].begin(), cut["layer_types"].begin() + n);
+  }
+  if (n < layers && cut.contains("num_kv_shared_layers")) {
+    // The full model's KV-shared layers (which have no k/v weights) stay shared, reading the
+    // same earlier layers; the per-layer input table is sized for the full depth.
+    const int shared = full.at("num_kv_shared_layers").get<int>();
+    cut["num_kv_shared_layers"] = std::max(0, n - (layers - shared));
+    cut["hidden_size_per_layer_input"] = 0;
+  }
+  std::ofstream(tmp + "/config.json") << cut.dump();
+}
+
+// Admission's promise for one sequence covers what its caches take from the pool: the bytes
+// in use after make_caches and after each forward of a prefill and decode steps never exceed
+// kv_bytes_for at that many tokens (KV blocks, recurrent states, the state blocks of centered
+// or sink-keeping layers). A setting the GPU refuses for the model is reported and skipped.
+void expect_admission_covers_pool_use(const CudaDecoderModel& gpu, const std::string& what) {
+  KVOptions levers;
+  levers.kv_bits = 3.5;
+  levers.last_layer_dense = false;
+  levers.kv_centering = "both";
+  levers.kv_sink_tokens = 128;
+  const std::vector<std::pair<std::string, ResolvedKV>> settings = {
+      {"dense", ResolvedKV{}},
+      {"3.5, every layer", kv_bits(3.5, false)},
+      {"3.5, centered, 128 sink tokens", resolve_kv_options(levers)}};
+  const DeviceBlockPool& pool = gpu.cache_context().pool();
+  const int V = gpu.info().vocab_size;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 80; ++i) ids.push_back((i * 31 + 3) % V);
+  std::vector<float> logits(size_t(V) * ids.size());
+  for (const auto& [name, kv] : settings) {
+    SCOPED_TRACE(what + ", " + name);
+    const size_t before = pool.stats().used_bytes;
+    LayerCaches caches;
+    try {
+      caches = gpu.make_caches(kv);
+    } catch (const Unsupported& e) {
+      std::printf("  %s, %s: not on the GPU (%s)\n", what.c_str(), name.c_str(), e.what());
+      continue;
+    }
+    EXPECT_LE(pool.stats().used_bytes - before, gpu.kv_bytes_for(kv, 0)) << "no tokens yet";
+    int64_t tokens = 0;
+    for (int n : {70, 1, 1, 8}) {
+      Model::Chunk c{ids.data() + tokens, n, &caches, logits.data(), false};
+      gpu.forward({&c, 1});
+      tokens += n;
+      EXPECT_LE(pool.stats().used_bytes - before, gpu.kv_bytes_for(kv, tokens))
+          << tokens << " tokens";
+    }
+  }
+}
+
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double d = 0;
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
@@ -469,24 +534,8 @@ TEST_P(HybridGolden, LayerPrefixesAgreeWithTheCpu) {
   const nlohmann::json full = nlohmann::json::parse(in);
   const int layers = full.at("num_hidden_layers").get<int>();
   const std::string tmp = ::testing::TempDir() + "/hybrid_prefix_" + GetParam();
-  std::filesystem::create_directories(tmp);
-  std::filesystem::copy_file(dir + "/model.safetensors", tmp + "/model.safetensors",
-                             std::filesystem::copy_options::overwrite_existing);
   for (int n = 1; n <= layers; ++n) {
-    nlohmann::json cut = full;
-    cut["num_hidden_layers"] = n;
-    if (cut.contains("layer_types") && cut["layer_types"].is_array()) {
-      cut["layer_types"] =
-          std::vector<std::string>(cut["layer_types"].begin(), cut["layer_types"].begin() + n);
-    }
-    if (n < layers && cut.contains("num_kv_shared_layers")) {
-      // The full model's KV-shared layers (which have no k/v weights) stay shared, reading the
-      // same earlier layers; the per-layer input table is sized for the full depth.
-      const int shared = full.at("num_kv_shared_layers").get<int>();
-      cut["num_kv_shared_layers"] = std::max(0, n - (layers - shared));
-      cut["hidden_size_per_layer_input"] = 0;
-    }
-    std::ofstream(tmp + "/config.json") << cut.dump();
+    write_layer_prefix(dir, full, n, tmp);
     std::unique_ptr<Model> cpu = Model::load(tmp);
     auto gpu = load_gpu(tmp);
     const int V = cpu->info().vocab_size;
@@ -514,6 +563,27 @@ TEST_P(HybridGolden, LayerPrefixesAgreeWithTheCpu) {
                 GetParam(), n, layer_kind_name(cpu_config_kind(*cpu, n - 1)), prefill, decode);
     EXPECT_LT(std::max(prefill, decode), 1e-4) << "first " << n << " layers";
   }
+}
+
+// Every prefix of each family (so also models of linear-attention layers alone, whose whole
+// pool use is recurrent states).
+TEST_P(HybridGolden, AdmissionCoversWhatTheCachesTake) {
+  const std::string dir = fixture(std::string("hf-tiny/") + GetParam());
+  std::ifstream in(dir + "/config.json");
+  const nlohmann::json full = nlohmann::json::parse(in);
+  const int layers = full.at("num_hidden_layers").get<int>();
+  const std::string tmp = ::testing::TempDir() + "/hybrid_admission_" + GetParam();
+  for (int n = 1; n <= layers; ++n) {
+    write_layer_prefix(dir, full, n, tmp);
+    expect_admission_covers_pool_use(*load_gpu(tmp),
+                                     str_cat(GetParam(), ", first ", n, " layers"));
+  }
+}
+
+// A plain Llama: its TurboQuant layers' state blocks (128 sink rows each) outweigh the spare
+// block admission counts per layer.
+TEST_F(HybridKernels, AdmissionCoversWhatLlamaCachesTake) {
+  expect_admission_covers_pool_use(*load_gpu(fixture("hf-tiny/llama")), "llama");
 }
 
 // Perplexity on the GPU, dense and with --kv-bits 3.5 (every global layer quantized): finite, and

@@ -177,6 +177,10 @@ class DeviceKVCache : public KVCache {
   // on the context's stream and synchronized.
   void append_device(const float* k, const float* v, int n_tokens);
 
+  // The pool bytes of the per-sequence state block a cache of format f holds next to its
+  // blocks (split channel orders, centering means, sink rows; 0: none), for admission.
+  static size_t state_block_bytes(const DeviceFormat& f);
+
   // The CUDA model's path.
   const DeviceFormat& format() const { return *format_; }
   int window() const { return window_; }

@@ -15,6 +15,7 @@
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/qmatmul.h"
+#include "model/cuda/device_recurrent_state.h"
 #include "model/cuda/hybrid_forward.h"
 #include "model/rope_scaling.h"
 
@@ -663,10 +664,18 @@ size_t CudaDecoderModel::kv_bytes_for(const ResolvedKV& kv, int64_t tokens) cons
   const int64_t n = std::max<int64_t>(tokens, 0);
   size_t bytes = 0;
   for (const LayerCachePlan& p : plan_layer_caches(layer_specs(), kv)) {
+    if (p.kind == LayerCacheKind::kRecurrent) {  // one block per sequence, its whole life
+      const size_t state = DeviceRecurrentState::pool_block_bytes(p.recurrent);
+      if (state > 0) bytes += DeviceBlockPool::bytes_for_blocks(1, state);
+      continue;
+    }
     if (p.kind != LayerCacheKind::kDense && p.kind != LayerCacheKind::kRotating &&
         p.kind != LayerCacheKind::kTurboQuant && p.kind != LayerCacheKind::kUniform) {
       continue;
     }
+    // The quantized format's state block (split orders, means, sink rows) from the start.
+    const size_t state = DeviceKVCache::state_block_bytes(*caches_->format(p, DenseElem::kF16, fused));
+    if (state > 0) bytes += DeviceBlockPool::bytes_for_blocks(1, state);
     // A staged layer holds its dense rows until it converts: count the larger dense blocks.
     LayerCachePlan held = p;
     if (p.quantized_kv_start > 0 && p.kind != LayerCacheKind::kDense &&

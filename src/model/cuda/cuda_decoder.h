@@ -59,9 +59,10 @@ class CudaDecoderModel final : public Model {
   LayerCaches make_caches(const ResolvedKV& kv) const { return make_caches(kv, DenseElem::kF16); }
   LayerCaches make_caches(const ResolvedKV& kv, DenseElem dense_elem) const;
   DeviceCacheContext& cache_context() const { return *caches_; }
-  // The most pool bytes one sequence's caches for kv take at `tokens` tokens (whole blocks,
-  // their chunk share included; recurrent states and KV-shared layers not counted), for
-  // admission. Throws what make_caches throws for a setting the GPU cannot hold.
+  // The most pool bytes one sequence's caches for kv take at `tokens` tokens, for admission:
+  // whole blocks, their chunk share included, and the per-sequence state blocks (recurrent
+  // states, the state of calibrating or sink-keeping formats). KV-shared layers take none.
+  // Throws what make_caches throws for a setting the GPU cannot hold.
   size_t kv_bytes_for(const ResolvedKV& kv, int64_t tokens) const;
   const DecoderModel& host() const { return *host_; }
   // Whether a decode step multiplies any weights on int8 activations (MLX 4-bit products,

@@ -5,6 +5,25 @@
 #include "kernels/cuda/cuda_check.h"
 
 namespace turbokv::cuda {
+namespace {
+
+size_t align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
+
+// The conv history, then the state, each 16-B aligned.
+size_t conv_section_bytes(const RecurrentShape& s) {
+  return align16(size_t(s.conv_history) * size_t(s.conv_channels) * sizeof(float));
+}
+size_t total_bytes(const RecurrentShape& s) {
+  return conv_section_bytes(s) +
+         align16(size_t(s.heads) * size_t(s.k_dim) * size_t(s.v_dim) * sizeof(float));
+}
+
+}  // namespace
+
+size_t DeviceRecurrentState::pool_block_bytes(const RecurrentShape& shape) {
+  const size_t bytes = total_bytes(shape);
+  return bytes <= DeviceBlockPool::kChunkBytes ? bytes : 0;
+}
 
 DeviceRecurrentState::DeviceRecurrentState(const RecurrentShape& shape, DeviceCacheContext& context)
     : shape_(shape), context_(context) {
@@ -16,10 +35,10 @@ DeviceRecurrentState::DeviceRecurrentState(const RecurrentShape& shape, DeviceCa
   }
   conv_floats_ = size_t(shape.conv_history) * size_t(shape.conv_channels);
   state_floats_ = size_t(shape.heads) * size_t(shape.k_dim) * size_t(shape.v_dim);
-  const size_t conv_bytes = (conv_floats_ * sizeof(float) + 15) / 16 * 16;
-  const size_t bytes = conv_bytes + (state_floats_ * sizeof(float) + 15) / 16 * 16;
+  const size_t conv_bytes = conv_section_bytes(shape);
+  const size_t bytes = total_bytes(shape);
   uint8_t* base = nullptr;
-  if (bytes <= DeviceBlockPool::kChunkBytes) {
+  if (pool_block_bytes(shape) != 0) {
     base = block_ = context.pool().allocate(bytes);
     block_bytes_ = bytes;
   } else {

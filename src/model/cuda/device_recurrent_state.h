@@ -21,6 +21,10 @@ class DeviceRecurrentState final : public KVCache {
   DeviceRecurrentState(const DeviceRecurrentState&) = delete;
   DeviceRecurrentState& operator=(const DeviceRecurrentState&) = delete;
 
+  // The bytes of the pool block one state of this shape takes (0: larger than a pool chunk, so
+  // it is allocated apart from the pool), for admission.
+  static size_t pool_block_bytes(const RecurrentShape& shape);
+
   std::string type_name() const override { return "recurrent"; }
   int kv_heads() const override { return 0; }
   int head_dim() const override { return 0; }
