@@ -575,8 +575,7 @@ TEST_P(HybridGolden, AdmissionCoversWhatTheCachesTake) {
   const std::string tmp = ::testing::TempDir() + "/hybrid_admission_" + GetParam();
   for (int n = 1; n <= layers; ++n) {
     write_layer_prefix(dir, full, n, tmp);
-    expect_admission_covers_pool_use(*load_gpu(tmp),
-                                     str_cat(GetParam(), ", first ", n, " layers"));
+    expect_admission_covers_pool_use(*load_gpu(tmp), str_cat(GetParam(), ", first ", n, " layers"));
   }
 }
 

@@ -221,7 +221,9 @@ void DeviceKVCache::reset_state_storage() {
   }
 }
 
-size_t DeviceKVCache::state_block_bytes(const DeviceFormat& f) { return state_layout(f).bytes; }
+size_t DeviceKVCache::state_block_bytes(const DeviceFormat& f) {
+  return state_layout(f).bytes;
+}
 
 void DeviceKVCache::clear_calibration() {
   calibrated_ = false;

@@ -674,7 +674,8 @@ size_t CudaDecoderModel::kv_bytes_for(const ResolvedKV& kv, int64_t tokens) cons
       continue;
     }
     // The quantized format's state block (split orders, means, sink rows) from the start.
-    const size_t state = DeviceKVCache::state_block_bytes(*caches_->format(p, DenseElem::kF16, fused));
+    const size_t state =
+        DeviceKVCache::state_block_bytes(*caches_->format(p, DenseElem::kF16, fused));
     if (state > 0) bytes += DeviceBlockPool::bytes_for_blocks(1, state);
     // A staged layer holds its dense rows until it converts: count the larger dense blocks.
     LayerCachePlan held = p;

@@ -7,7 +7,9 @@
 namespace turbokv::cuda {
 namespace {
 
-size_t align16(size_t bytes) { return (bytes + 15) / 16 * 16; }
+size_t align16(size_t bytes) {
+  return (bytes + 15) / 16 * 16;
+}
 
 // The conv history, then the state, each 16-B aligned.
 size_t conv_section_bytes(const RecurrentShape& s) {
