@@ -71,28 +71,34 @@ LayerKind cpu_config_kind(const Model& model, int layer) {
   return dynamic_cast<const DecoderModel&>(model).config().layer_kind[size_t(layer)];
 }
 
-// A model directory at tmp holding dir's weights and its config (`full`) cut to the first n
-// layers: gemma4 without per-layer inputs until its full depth, which their table needs.
-void write_layer_prefix(const std::string& dir, const nlohmann::json& full, int n,
-                        const std::string& tmp) {
+// For n = 1 .. the depth of dir's model: writes at tmp a model directory holding dir's weights
+// and its config cut to the first n layers (gemma4 without per-layer inputs until its full
+// depth, which their table needs), then calls fn(n).
+void for_each_layer_prefix(const std::string& dir, const std::string& tmp,
+                           const std::function<void(int n)>& fn) {
+  std::ifstream in(dir + "/config.json");
+  const nlohmann::json full = nlohmann::json::parse(in);
   const int layers = full.at("num_hidden_layers").get<int>();
   std::filesystem::create_directories(tmp);
   std::filesystem::copy_file(dir + "/model.safetensors", tmp + "/model.safetensors",
                              std::filesystem::copy_options::overwrite_existing);
-  nlohmann::json cut = full;
-  cut["num_hidden_layers"] = n;
-  if (cut.contains("layer_types") && cut["layer_types"].is_array()) {
-    cut["layer_types"] =
-        std::vector<std::string>(cut["layer_types"].begin(), cut["layer_types"].begin() + n);
+  for (int n = 1; n <= layers; ++n) {
+    nlohmann::json cut = full;
+    cut["num_hidden_layers"] = n;
+    if (cut.contains("layer_types") && cut["layer_types"].is_array()) {
+      cut["layer_types"] =
+          std::vector<std::string>(cut["layer_types"].begin(), cut["layer_types"].begin() + n);
+    }
+    if (n < layers && cut.contains("num_kv_shared_layers")) {
+      // The full model's KV-shared layers (which have no k/v weights) stay shared, reading the
+      // same earlier layers; the per-layer input table is sized for the full depth.
+      const int shared = full.at("num_kv_shared_layers").get<int>();
+      cut["num_kv_shared_layers"] = std::max(0, n - (layers - shared));
+      cut["hidden_size_per_layer_input"] = 0;
+    }
+    std::ofstream(tmp + "/config.json") << cut.dump();
+    fn(n);
   }
-  if (n < layers && cut.contains("num_kv_shared_layers")) {
-    // The full model's KV-shared layers (which have no k/v weights) stay shared, reading the
-    // same earlier layers; the per-layer input table is sized for the full depth.
-    const int shared = full.at("num_kv_shared_layers").get<int>();
-    cut["num_kv_shared_layers"] = std::max(0, n - (layers - shared));
-    cut["hidden_size_per_layer_input"] = 0;
-  }
-  std::ofstream(tmp + "/config.json") << cut.dump();
 }
 
 // Admission's promise for one sequence covers what its caches take from the pool: the bytes
@@ -530,12 +536,8 @@ TEST_P(HybridGolden, BatchedSequencesKeepTheirOwnState) {
 // every n: where a layer kind goes wrong on the GPU, the first n that differs names it.
 TEST_P(HybridGolden, LayerPrefixesAgreeWithTheCpu) {
   const std::string dir = fixture(std::string("hf-tiny/") + GetParam());
-  std::ifstream in(dir + "/config.json");
-  const nlohmann::json full = nlohmann::json::parse(in);
-  const int layers = full.at("num_hidden_layers").get<int>();
   const std::string tmp = ::testing::TempDir() + "/hybrid_prefix_" + GetParam();
-  for (int n = 1; n <= layers; ++n) {
-    write_layer_prefix(dir, full, n, tmp);
+  for_each_layer_prefix(dir, tmp, [&](int n) {
     std::unique_ptr<Model> cpu = Model::load(tmp);
     auto gpu = load_gpu(tmp);
     const int V = cpu->info().vocab_size;
@@ -562,21 +564,17 @@ TEST_P(HybridGolden, LayerPrefixesAgreeWithTheCpu) {
     std::printf("  %s, first %d layers (last: %s): GPU vs CPU prefill %.3g, decode %.3g\n",
                 GetParam(), n, layer_kind_name(cpu_config_kind(*cpu, n - 1)), prefill, decode);
     EXPECT_LT(std::max(prefill, decode), 1e-4) << "first " << n << " layers";
-  }
+  });
 }
 
 // Every prefix of each family (so also models of linear-attention layers alone, whose whole
 // pool use is recurrent states).
 TEST_P(HybridGolden, AdmissionCoversWhatTheCachesTake) {
   const std::string dir = fixture(std::string("hf-tiny/") + GetParam());
-  std::ifstream in(dir + "/config.json");
-  const nlohmann::json full = nlohmann::json::parse(in);
-  const int layers = full.at("num_hidden_layers").get<int>();
   const std::string tmp = ::testing::TempDir() + "/hybrid_admission_" + GetParam();
-  for (int n = 1; n <= layers; ++n) {
-    write_layer_prefix(dir, full, n, tmp);
+  for_each_layer_prefix(dir, tmp, [&](int n) {
     expect_admission_covers_pool_use(*load_gpu(tmp), str_cat(GetParam(), ", first ", n, " layers"));
-  }
+  });
 }
 
 // A plain Llama: its TurboQuant layers' state blocks (128 sink rows each) outweigh the spare

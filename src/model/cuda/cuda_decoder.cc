@@ -673,17 +673,18 @@ size_t CudaDecoderModel::kv_bytes_for(const ResolvedKV& kv, int64_t tokens) cons
         p.kind != LayerCacheKind::kTurboQuant && p.kind != LayerCacheKind::kUniform) {
       continue;
     }
-    // The quantized format's state block (split orders, means, sink rows) from the start.
-    const size_t state =
-        DeviceKVCache::state_block_bytes(*caches_->format(p, DenseElem::kF16, fused));
+    // The layer's format's state block (split orders, means, sink rows) from the start.
+    const std::shared_ptr<const DeviceFormat> format = caches_->format(p, DenseElem::kF16, fused);
+    const size_t state = DeviceKVCache::state_block_bytes(*format);
     if (state > 0) bytes += DeviceBlockPool::bytes_for_blocks(1, state);
     // A staged layer holds its dense rows until it converts: count the larger dense blocks.
-    LayerCachePlan held = p;
+    size_t block = format->block_bytes();
     if (p.quantized_kv_start > 0 && p.kind != LayerCacheKind::kDense &&
         p.kind != LayerCacheKind::kRotating) {
+      LayerCachePlan held = p;
       held.kind = LayerCacheKind::kDense;
+      block = caches_->format(held, DenseElem::kF16, fused)->block_bytes();
     }
-    const size_t block = caches_->format(held, DenseElem::kF16, fused)->block_bytes();
     const int64_t held_tokens =
         p.kind == LayerCacheKind::kRotating ? std::min<int64_t>(n, p.window + kBlockTokens) : n;
     const int64_t blocks = (held_tokens + kBlockTokens - 1) / kBlockTokens + 1;  // + a spare
