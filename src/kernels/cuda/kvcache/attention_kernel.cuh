@@ -128,7 +128,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 4)
   if (row_group * kRows >= head_rows || split_begin >= len) return;
 
   // Row r (head-row hr) is query hr / group of head kv_head * group + hr % group, at position
-  // len - n_q + hr / group; it sees [lo, hi). [tb, te): the tokens of this split some row sees.
+  // len - n_q + hr / group; it sees [lo, hi) (hi: below its recent tokens). [tb, te): the
+  // tokens of this split some row sees.
   int lo[kRows], hi[kRows];
   int lo_min = INT_MAX, hi_max = 0;
 #pragma unroll
@@ -137,7 +138,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 4)
     lo[r] = hi[r] = 0;
     if (hr < head_rows) {
       const int pos = len - n_q + hr / a.group;
-      hi[r] = max(pos + 1, 0);
+      hi[r] = max(pos + 1 - a.recent, 0);
       lo[r] = max(a.window > 0 ? max(pos - a.window + 1, 0) : 0, a.key_begin);
     }
     if (lo[r] < hi[r]) {

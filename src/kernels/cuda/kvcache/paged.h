@@ -103,6 +103,10 @@ struct TQTensorFormat {
 //  - sink_keys / sink_values [kv_heads, sink_tokens, head_dim] fp16: the sequence's first
 //    TQFormat::sink_tokens positions, kept uncoded (and uncentered); required when the format
 //    has sink tokens.
+//  - recent_keys / recent_values [kv_heads, recent_tokens - 1, head_dim] fp16: a ring of the
+//    sequence's last recent_tokens - 1 positions before the step's queries (slot = position %
+//    (recent_tokens - 1), positions >= sink_tokens only), uncentered; required when the format
+//    has recent_tokens > 1. paged_recent_update writes it after the step's attention.
 struct TQSequenceState {
   const int* key_order = nullptr;
   const int* value_order = nullptr;
@@ -110,6 +114,8 @@ struct TQSequenceState {
   const __half* value_mean = nullptr;
   __half* sink_keys = nullptr;
   __half* sink_values = nullptr;
+  __half* recent_keys = nullptr;
+  __half* recent_values = nullptr;
 };
 
 struct TQFormat {
@@ -121,6 +127,12 @@ struct TQFormat {
   // centered), their slots in the blocks stay unused, and paged_attention attends them apart
   // and merges the two softmaxes by log-sum-exp.
   int sink_tokens = 0;
+  // W > 0 (the CPU cache's recent tokens): a query at position p reads the coded keys only
+  // below p - W + 1 and positions max(sink_tokens, p - W + 1) .. p as fp16 rows instead (the
+  // query's own step's keys and values from QueryRows::k_new / v_new rounded to fp16, earlier
+  // positions from the TQSequenceState ring), merged like the sink rows. Codes are written as
+  // with W = 0.
+  int recent_tokens = 0;
 };
 
 struct UniformTensorFormat {
@@ -194,6 +206,10 @@ struct QueryRows {
   // scale and soft-cap; -inf for a row that saw no key), to merge with attention over other
   // keys (e.g. uncoded sink tokens) by log-sum-exp weights.
   float* lse = nullptr;
+  // TurboQuant formats with recent_tokens > 0 (required there, unused otherwise): [rows,
+  // kv_heads, head_dim] (device), row r the key / value appended at query row r's position.
+  const float* k_new = nullptr;
+  const float* v_new = nullptr;
 };
 
 struct AttentionOptions {
@@ -217,7 +233,8 @@ struct AttentionOptions {
 size_t paged_attention_workspace_bytes(const PagedBatch& batch, const QueryRows& queries,
                                        const AttentionOptions& options, int kv_heads, int head_dim);
 // A TurboQuant format's: the above, plus the coded part's log-sum-exp rows when the format has
-// sink tokens (queries' rows dense: q_start[b] = the queries of the sequences before b).
+// sink or recent tokens (queries' rows dense: q_start[b] = the queries of the sequences before
+// b).
 size_t paged_attention_workspace_bytes(const TQFormat& f, const PagedBatch& batch,
                                        const QueryRows& queries, const AttentionOptions& options);
 
@@ -243,6 +260,15 @@ void paged_attention(const TQFormat& f, const PagedBatch& b, const TQSequenceSta
 void paged_attention(const UniformFormat& f, const PagedBatch& b, const QueryRows& q,
                      const AttentionOptions& o, void* workspace, size_t workspace_bytes,
                      cudaStream_t stream);
+
+// After the attention of a step (TurboQuant formats with recent_tokens > 1): writes each
+// sequence's last min(n_q(b), recent_tokens - 1) positions >= sink_tokens from q.k_new /
+// q.v_new (the queries' rows as paged_attention reads them; q.q and q.out unused) into its
+// TQSequenceState ring, rounded to fp16. b.seq_len as for the attention. Queued after the
+// attention on the same stream, it never races with its reads of the ring. A no-op for
+// recent_tokens <= 1.
+void paged_recent_update(const TQFormat& f, const PagedBatch& b, const TQSequenceState* states,
+                         const QueryRows& q, cudaStream_t stream);
 
 // Centered values under kernels that attend the centered codes (the fused kernels): row
 // ((b * n_q + i) * n_heads + head) of out [batch * n_q * n_heads, head_dim] gets

@@ -152,6 +152,10 @@ void check_format(const TQFormat& f) {
     throw InvalidArgument(
         str_cat("TurboQuant format: sink_tokens ", f.sink_tokens, " must be >= 0"));
   }
+  if (f.recent_tokens < 0) {
+    throw InvalidArgument(
+        str_cat("TurboQuant format: recent_tokens ", f.recent_tokens, " must be >= 0"));
+  }
 }
 
 void check_format(const UniformFormat& f) {
@@ -383,7 +387,7 @@ namespace {
 // Bytes of the coded part's log-sum-exp rows that the sink pass reads.
 size_t sink_lse_bytes(const TQFormat& f, const PagedBatch& batch, const QueryRows& queries,
                       const AttentionOptions& options) {
-  if (f.sink_tokens == 0) return 0;
+  if (f.sink_tokens == 0 && f.recent_tokens == 0) return 0;
   return round_up(
       size_t(batch.batch) * size_t(queries.max_n_q) * size_t(options.n_heads) * sizeof(float), 256);
 }
@@ -401,13 +405,14 @@ size_t paged_attention_workspace_bytes(const TQFormat& f, const PagedBatch& batc
 namespace {
 
 // Runs the split pass through `launch` and then the merge; nothing to do without queries.
-// key_begin: keys below it are not attended (sink tokens). Returns the split pass's arguments.
+// key_begin: keys below it are not attended (sink tokens); recent: a query at p attends keys
+// below p + 1 - recent only. Returns the split pass's arguments.
 template <typename Launch>
 AttnArgs run_attention(const BlockGeometry& g, const int (&row_bytes)[kRegions], int kv_heads,
                        int head_dim, const PagedBatch& b, const QueryRows& q,
                        const AttentionOptions& o, void* workspace, size_t workspace_bytes,
                        const TQFormat* unrotate, const TQSequenceState* states, cudaStream_t stream,
-                       Launch launch, int key_begin = 0) {
+                       Launch launch, int key_begin = 0, int recent = 0) {
   check_batch(b, "paged attention");
   if (q.max_n_q == 0) return AttnArgs{};
   const StagePlan stage = plan_stages(g, row_bytes, head_dim);
@@ -415,6 +420,7 @@ AttnArgs run_attention(const BlockGeometry& g, const int (&row_bytes)[kRegions],
   AttnArgs a =
       make_attention_args(b, q, o, kv_heads, head_dim, stage, workspace, workspace_bytes, &merge);
   a.key_begin = key_begin;
+  a.recent = recent;
   merge.states = states;
   launch(a);
   launch_merge(merge, unrotate, b.batch, stream);
@@ -457,7 +463,8 @@ void paged_attention(const TQFormat& f, const PagedBatch& b, const TQSequenceSta
                                    f.value.norms_per_vector * 2};
   QueryRows coded = q;
   size_t coded_workspace = workspace_bytes;
-  if (f.sink_tokens > 0 && q.max_n_q > 0) {
+  const bool dense_rows = f.sink_tokens > 0 || f.recent_tokens > 0;
+  if (dense_rows && q.max_n_q > 0) {
     // The coded part's log-sum-exp rows go to the end of the workspace.
     const size_t need = paged_attention_workspace_bytes(f, b, q, o);
     if (workspace == nullptr || workspace_bytes < need) {
@@ -465,7 +472,11 @@ void paged_attention(const TQFormat& f, const PagedBatch& b, const TQSequenceSta
                                     need, " B (paged_attention_workspace_bytes of the format)"));
     }
     if (states == nullptr) {
-      throw InvalidArgument("paged attention: a format with sink tokens needs the states");
+      throw InvalidArgument(
+          "paged attention: a format with sink or recent tokens needs the states");
+    }
+    if (f.recent_tokens > 0 && (q.k_new == nullptr || q.v_new == nullptr)) {
+      throw InvalidArgument("paged attention: a format with recent tokens needs k_new and v_new");
     }
     const size_t lse_bytes = sink_lse_bytes(f, b, q, o);
     coded_workspace = need - lse_bytes;
@@ -483,8 +494,8 @@ void paged_attention(const TQFormat& f, const PagedBatch& b, const TQSequenceSta
         if (f.head_dim == 256) done = launch_tq_attention_d256(args, f, states, stream);
         if (!done) launch_tq_attention_generic(args, f, states, stream);
       },
-      f.sink_tokens);
-  if (f.sink_tokens == 0 || q.max_n_q == 0) return;
+      f.sink_tokens, f.recent_tokens);
+  if (!dense_rows || q.max_n_q == 0) return;
   SinkArgs s;
   s.states = states;
   s.seq_len = b.seq_len;
@@ -498,10 +509,37 @@ void paged_attention(const TQFormat& f, const PagedBatch& b, const TQSequenceSta
   s.group = a.group;
   s.head_dim = f.head_dim;
   s.sink_tokens = f.sink_tokens;
+  s.recent_tokens = f.recent_tokens;
+  s.kv_heads = f.kv_heads;
+  s.k_new = q.k_new;
+  s.v_new = q.v_new;
   s.scale = o.scale;
   s.softcap = o.logit_softcap;
   s.window = o.sliding_window;
   launch_sink_merge(s, b.batch, stream);
+}
+
+void paged_recent_update(const TQFormat& f, const PagedBatch& b, const TQSequenceState* states,
+                         const QueryRows& q, cudaStream_t stream) {
+  check_format(f);
+  check_batch(b, "paged recent update");
+  if (f.recent_tokens <= 1 || q.max_n_q <= 0) return;
+  if (states == nullptr || q.k_new == nullptr || q.v_new == nullptr || q.q_start == nullptr) {
+    throw InvalidArgument("paged recent update: states, k_new, v_new and q_start are required");
+  }
+  RecentArgs r;
+  r.states = states;
+  r.seq_len = b.seq_len;
+  r.q_start = q.q_start;
+  r.k_new = q.k_new;
+  r.v_new = q.v_new;
+  r.table_tokens = b.table_stride * kBlockTokens;
+  r.max_n_q = q.max_n_q;
+  r.kv_heads = f.kv_heads;
+  r.head_dim = f.head_dim;
+  r.sink_tokens = f.sink_tokens;
+  r.recent_tokens = f.recent_tokens;
+  launch_recent_update(r, b.batch, stream);
 }
 
 }  // namespace turbokv::cuda

@@ -79,6 +79,8 @@ struct AttnArgs {
   float softcap = 0;
   int window = 0;
   int key_begin = 0;  // keys at positions below it are not attended (TurboQuant sink tokens)
+  // A query at position p attends keys below p + 1 - recent only (TurboQuant recent tokens).
+  int recent = 0;
   // Partials of (sequence b, query i < max_n_q, head, split), index
   // ((b * max_n_q + i) * n_heads + head) * splits + split: acc [head_dim] in the codec frame,
   // ml = (max of log2-scores, Σ 2^(s - max)).
@@ -106,7 +108,9 @@ struct MergeArgs {
 };
 
 // Kernel arguments of the sink pass (grid: max_n_q * n_heads, batch): attention over the fp16
-// sink rows of TQSequenceState, merged into out by log-sum-exp with the coded part's (lse in,
+// sink rows of TQSequenceState and, with recent tokens, the query's window of fp16 rows (the
+// ring of TQSequenceState before the step's queries, k_new / v_new rounded to fp16 from the
+// first query's position on), merged into out by log-sum-exp with the coded part's (lse in,
 // then the merged one).
 struct SinkArgs {
   const TQSequenceState* states = nullptr;  // [batch]
@@ -121,9 +125,28 @@ struct SinkArgs {
   int group = 0;
   int head_dim = 0;
   int sink_tokens = 0;
+  int recent_tokens = 0;
+  int kv_heads = 0;
+  const float* k_new = nullptr;  // [rows, kv_heads, head_dim] (recent_tokens > 0)
+  const float* v_new = nullptr;
   float scale = 0;
   float softcap = 0;
   int window = 0;
+};
+
+// Kernel arguments of the ring update (grid: min(max_n_q, recent_tokens - 1), batch).
+struct RecentArgs {
+  const TQSequenceState* states = nullptr;
+  const int* seq_len = nullptr;
+  const int* q_start = nullptr;
+  const float* k_new = nullptr;
+  const float* v_new = nullptr;
+  int table_tokens = 0;
+  int max_n_q = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+  int sink_tokens = 0;
+  int recent_tokens = 0;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -177,5 +200,6 @@ bool launch_tq_attention_d256(const AttnArgs& a, const TQFormat& f, const TQSequ
 // natural frame already.
 void launch_merge(const MergeArgs& m, const TQFormat* value, int batch, cudaStream_t stream);
 void launch_sink_merge(const SinkArgs& s, int batch, cudaStream_t stream);
+void launch_recent_update(const RecentArgs& r, int batch, cudaStream_t stream);
 
 }  // namespace turbokv::cuda::paged
