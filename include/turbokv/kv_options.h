@@ -25,11 +25,12 @@ struct KVOptions {
   // TurboQuant: store n / <y, c> instead (inner products with the codes unbiased; needs
   // norm_correction on)
   bool kv_unbiased_norm = false;
-  bool last_layer_dense = true;             // keep the most sensitive layer exact
+  bool last_layer_dense = true;  // keep the most sensitive layer exact
   // TurboQuant levers (kv/turboquant_kv_cache.h, kv/kv_allocation.h); unset -> the defaults
   // of resolve_kv_options (kv/kv_resolve.h).
   std::optional<std::string> kv_centering;  // "none" | "keys" | "values" | "both"
   std::optional<int> kv_sink_tokens;        // first positions kept fp16, 0..65536
+  std::optional<int> kv_recent_tokens;      // each query's last positions read as fp16, 0..1024
   // "none" | "keys" | "auto": how a fractional kv_bits is split between keys and values per
   // layer (kv/kv_resolve.h); kv_budget: bits per element "auto" spends.
   std::optional<std::string> kv_allocation;
@@ -66,6 +67,7 @@ struct ResolvedKV {
   bool center_keys = false;  // TurboQuant
   bool center_values = false;
   int sink_tokens = 0;
+  int recent_tokens = 0;
   KVAllocation allocation = KVAllocation::kNone;
   double budget_bits = 0;               // kAuto: bits per element to spend; 0: the plain setting's
   std::vector<LayerKVBits> layer_bits;  // overrides, later entries win

@@ -45,8 +45,9 @@ struct KVFlags {
   bool kv_unbiased_norm = false;
   bool quantize_last_layer = false;
   std::string kv_centering, kv_allocation, kv_layer_bits;
-  int kv_sink_tokens = -1;  // -1: the default
-  double kv_budget = 0;     // 0: the default
+  int kv_sink_tokens = -1;    // -1: the default
+  int kv_recent_tokens = -1;  // -1: the default
+  double kv_budget = 0;       // 0: the default
   bool kv_hadamard = false;
 
   void add_to(CLI::App& app);

@@ -98,8 +98,9 @@ void KVFlags::add_to(CLI::App& app) {
       ->check(unsigned_integer());
   app.add_flag("--no-norm-correction", no_norm_correction,
                "TurboQuant: store the plain norm instead of n/||c||");
-  app.add_flag("--kv-unbiased-norm", kv_unbiased_norm,
-               "TurboQuant: store the norm as n/<y,c> (unbiased inner products) instead of n/||c||");
+  app.add_flag(
+      "--kv-unbiased-norm", kv_unbiased_norm,
+      "TurboQuant: store the norm as n/<y,c> (unbiased inner products) instead of n/||c||");
   app.add_flag("--quantize-last-layer", quantize_last_layer,
                "also quantize the last layer (kept dense by default)");
   app.add_option("--kv-centering", kv_centering,
@@ -108,6 +109,9 @@ void KVFlags::add_to(CLI::App& app) {
   app.add_option("--kv-sink-tokens", kv_sink_tokens,
                  "TurboQuant: keep the first N positions of a sequence in fp16")
       ->check(integer_in(0, 65536));
+  app.add_option("--kv-recent-tokens", kv_recent_tokens,
+                 "TurboQuant: each query reads its last N positions (itself included) in fp16")
+      ->check(integer_in(0, 1024));
   app.add_option("--kv-allocation", kv_allocation,
                  "TurboQuant: split of a fractional --kv-bits per layer: none (keys floor, "
                  "values ceil), keys (keys ceil after layer 0), auto (measured, perplexity only)")
@@ -144,6 +148,7 @@ KVOptions KVFlags::options() const {
   o.last_layer_dense = !quantize_last_layer;
   if (!kv_centering.empty()) o.kv_centering = kv_centering;
   if (kv_sink_tokens >= 0) o.kv_sink_tokens = kv_sink_tokens;
+  if (kv_recent_tokens >= 0) o.kv_recent_tokens = kv_recent_tokens;
   if (!kv_allocation.empty()) o.kv_allocation = kv_allocation;
   if (kv_budget != 0) o.kv_budget = kv_budget;
   o.kv_layer_bits = kv_layer_bits;

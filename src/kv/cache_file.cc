@@ -49,6 +49,7 @@ void write_kv(ByteWriter& out, const ResolvedKV& kv) {
   out.put<uint8_t>(static_cast<uint8_t>(kv.allocation));
   out.put<double>(kv.budget_bits);
   out.put<uint8_t>(kv.hadamard ? 1 : 0);
+  out.put<int32_t>(kv.recent_tokens);
   out.put<uint32_t>(static_cast<uint32_t>(kv.layer_bits.size()));
   for (const LayerKVBits& bits : kv.layer_bits) {
     out.put<int32_t>(bits.layer);
@@ -58,7 +59,8 @@ void write_kv(ByteWriter& out, const ResolvedKV& kv) {
   }
 }
 
-ResolvedKV read_kv(ByteReader& in) {
+// version: the file's (3 has no recent_tokens: 0).
+ResolvedKV read_kv(ByteReader& in, uint32_t version) {
   ResolvedKV kv;
   const uint8_t scheme = in.get<uint8_t>("KV scheme");
   if (scheme > static_cast<uint8_t>(KVScheme::kTurboQuant)) {
@@ -85,6 +87,7 @@ ResolvedKV read_kv(ByteReader& in) {
   kv.allocation = static_cast<KVAllocation>(allocation);
   kv.budget_bits = in.get<double>("KV budget");
   kv.hadamard = in.get<uint8_t>("hadamard") != 0;
+  if (version >= 4) kv.recent_tokens = in.get<int32_t>("recent tokens");
   const uint32_t n_layer_bits = in.get<uint32_t>("per-layer bits count");
   if (n_layer_bits > 4096) {
     throw FormatError(
@@ -105,9 +108,10 @@ ResolvedKV read_kv(ByteReader& in) {
   // Ranges wide enough for every setting a cache can hold, narrow enough that no later
   // conversion to int overflows; the cache records' own checks give the precise rules.
   const auto bits_ok = [](double b) { return b >= 0 && b <= 64; };
-  if (kv.sink_tokens < 0 || kv.sink_tokens > 65536 || !bits_ok(kv.budget_bits) ||
-      !bits_ok(kv.key_bits) || !bits_ok(kv.value_bits) || kv.group_size < 0 ||
-      kv.group_size > 65536 || kv.quantized_kv_start < 0) {
+  if (kv.sink_tokens < 0 || kv.sink_tokens > 65536 || kv.recent_tokens < 0 ||
+      kv.recent_tokens > 1024 || !bits_ok(kv.budget_bits) || !bits_ok(kv.key_bits) ||
+      !bits_ok(kv.value_bits) || kv.group_size < 0 || kv.group_size > 65536 ||
+      kv.quantized_kv_start < 0) {
     throw FormatError("cache file: malformed KV settings");
   }
   return kv;
@@ -135,6 +139,7 @@ std::string describe_kv(const ResolvedKV& kv) {
                                                  : ", centered values";
     }
     if (kv.sink_tokens > 0) text += str_cat(", ", kv.sink_tokens, " fp16 sink tokens");
+    if (kv.recent_tokens > 0) text += str_cat(", ", kv.recent_tokens, " recent tokens in fp16");
     if (kv.allocation != KVAllocation::kNone) {
       text += str_cat(", allocation ", kv_allocation_name(kv.allocation));
     }
@@ -207,7 +212,7 @@ CacheFileReader::CacheFileReader(const std::string& path) : path_(path), file_(p
                               "version ",
                               kCacheFileVersion, ": create the file again"));
   }
-  if (version != kCacheFileVersion) {
+  if (version != kCacheFileVersion && version != 3) {
     throw FormatError(str_cat("'", path, "' has cache file version ", version,
                               "; this build reads version ", kCacheFileVersion));
   }
@@ -229,7 +234,7 @@ CacheFileReader::CacheFileReader(const std::string& path) : path_(path), file_(p
   try {
     info_.model_tag = in.string("model tag", 4096);
     info_.model_fingerprint = in.get<uint64_t>("model fingerprint");
-    info_.kv = read_kv(in);
+    info_.kv = read_kv(in, version);
     const uint64_t n_tokens = in.get<uint64_t>("token count");
     if (n_tokens > uint64_t(kMaxFileTokens) || n_tokens * sizeof(int32_t) > in.remaining()) {
       throw FormatError(str_cat("cache file: token count ", n_tokens, " does not fit in the ",

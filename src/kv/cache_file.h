@@ -2,15 +2,15 @@
 // exactly where it stopped: the model it belongs to, the KV settings, the token history.
 //
 // Layout (little-endian):
-//   "TKVCACHE" (8 bytes) | version u32 (= 3) | payload_bytes u64 | payload | crc32 u32
+//   "TKVCACHE" (8 bytes) | version u32 (= 4) | payload_bytes u64 | payload | crc32 u32
 //   payload:
 //     model tag (u32 length + bytes) | model fingerprint u64
 //     KV settings: scheme u8 | key_bits f64 | value_bits f64 | group_size i32 |
 //                  quantized_kv_start i64 | seed u64 | norm mode u8 (0 plain, 1 norm correction,
 //                  2 unbiased) | last_layer_dense u8 |
 //                  center_keys u8 | center_values u8 | sink_tokens i32 | allocation u8 |
-//                  budget_bits f64 | hadamard u8 | n u32 | n x (layer i32 | dense u8 |
-//                  key_bits f64 | value_bits f64)
+//                  budget_bits f64 | hadamard u8 | recent_tokens i32 | n u32 | n x (layer i32 |
+//                  dense u8 | key_bits f64 | value_bits f64)
 //     tokens: count u64 | i32 ids (prompt and generated tokens, in order)
 //     metadata (u32 length + bytes: free-form text of the front end, e.g. chat messages as JSON)
 //     n_layers u32 | one record per layer: KVCache::save() (the cache's state, its token count
@@ -18,7 +18,7 @@
 // The CRC-32 covers everything before it. Files are written to a temporary name and renamed,
 // so a reader never sees half a file. Version 1 files (no model fingerprint, settings or
 // tokens) and version 2 files (no TurboQuant centering, sinks or per-layer bits) are refused
-// with a message saying so.
+// with a message saying so; version 3 files (no recent_tokens) load with recent_tokens 0.
 #pragma once
 
 #include <string>
@@ -29,7 +29,7 @@
 
 namespace turbokv {
 
-constexpr uint32_t kCacheFileVersion = 3;
+constexpr uint32_t kCacheFileVersion = 4;
 
 // What a cache file records besides the caches.
 struct CacheFileInfo {

@@ -36,6 +36,7 @@ TurboQuantKVConfig turboquant_config(const ResolvedKV& kv) {
   c.center_keys = kv.center_keys;
   c.center_values = kv.center_values;
   c.sink_tokens = kv.sink_tokens;
+  c.recent_tokens = kv.recent_tokens;
   return c;
 }
 

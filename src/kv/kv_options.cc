@@ -98,6 +98,12 @@ void resolve_turboquant_levers(const KVOptions& o, ResolvedKV& r) {
         str_cat("kv_sink_tokens=", r.sink_tokens, " is out of range (allowed 0..65536)"),
         "kv_sink_tokens");
   }
+  r.recent_tokens = o.kv_recent_tokens.value_or(0);
+  if (r.recent_tokens < 0 || r.recent_tokens > 1024) {
+    throw InvalidArgument(
+        str_cat("kv_recent_tokens=", r.recent_tokens, " is out of range (allowed 0..1024)"),
+        "kv_recent_tokens");
+  }
   const bool mlx_split = o.kv_bits && !is_integer(*o.kv_bits) && !o.kv_key_bits && !o.kv_value_bits;
   const std::string allocation = o.kv_allocation.value_or(mlx_split ? "keys" : "none");
   if (allocation == "none") {
@@ -223,6 +229,7 @@ ResolvedKV resolve_kv_options(const KVOptions& o) {
   }
   for (auto [given, name] : {std::pair{o.kv_centering.has_value(), "kv_centering"},
                              std::pair{o.kv_sink_tokens.has_value(), "kv_sink_tokens"},
+                             std::pair{o.kv_recent_tokens.has_value(), "kv_recent_tokens"},
                              std::pair{o.kv_allocation.has_value(), "kv_allocation"},
                              std::pair{o.kv_budget.has_value(), "kv_budget"},
                              std::pair{o.kv_unbiased_norm, "kv_unbiased_norm"}}) {

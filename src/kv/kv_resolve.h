@@ -15,6 +15,9 @@
 //    (kv/turboquant_kv_cache.h): "keys", "values" or "both". Off by default: the means are
 //    estimated on a sequence's first chunk, which a prefix cache or session must then share;
 //  - kv_sink_tokens (default 0): the first positions of a sequence stored in fp16;
+//  - kv_recent_tokens (default 0): each query reads its last W positions as fp16 rows and the
+//    codes before them (kv/turboquant_kv_cache.h); W > 1 keeps W - 1 fp16 rows per sequence,
+//    and such a cache cannot be trimmed or shared as a prefix;
 //  - kv_allocation: "keys" (the default when kv_bits is fractional and neither kv_key_bits nor
 //    kv_value_bits is given) gives every TurboQuant layer but layer 0 keys ceil(kv_bits) and
 //    values floor(kv_bits); layer 0 keeps keys floor, values ceil (same bytes). "none" (the
@@ -37,8 +40,8 @@ namespace turbokv {
 
 // Throws InvalidArgument naming the bad value and what is allowed; its param() is the field
 // ("kv_bits", "kv_key_bits", "kv_value_bits", "kv_quant_scheme", "kv_group_size",
-// "quantized_kv_start", "kv_centering", "kv_sink_tokens", "kv_allocation", "kv_budget",
-// "kv_layer_bits", "kv_hadamard", "kv_unbiased_norm").
+// "quantized_kv_start", "kv_centering", "kv_sink_tokens", "kv_recent_tokens", "kv_allocation",
+// "kv_budget", "kv_layer_bits", "kv_hadamard", "kv_unbiased_norm").
 ResolvedKV resolve_kv_options(const KVOptions& options);
 
 // Parses a user-written bit width ("3.5", "4"); throws InvalidArgument (param = what) for "abc",

@@ -70,11 +70,17 @@ TurboQuantKVCache::TurboQuantKVCache(int kv_heads, int head_dim, const TurboQuan
       config_(config),
       keys_(kv_heads, head_dim, config.key_bits, quant::TensorRole::kKey, config),
       values_(kv_heads, head_dim, config.value_bits, quant::TensorRole::kValue, config),
-      sinks_(KVDType::kF16, kv_heads, head_dim) {
+      sinks_(KVDType::kF16, kv_heads, head_dim),
+      recent_(KVDType::kF16, kv_heads, head_dim) {
   if (config.sink_tokens < 0 || config.sink_tokens > kMaxSinkTokens) {
     throw InvalidArgument(str_cat("TurboQuant sink_tokens=", config.sink_tokens,
                                   " is out of range (0..", kMaxSinkTokens, ")"),
                           "kv_sink_tokens");
+  }
+  if (config.recent_tokens < 0 || config.recent_tokens > kMaxRecentTokens) {
+    throw InvalidArgument(str_cat("TurboQuant recent_tokens=", config.recent_tokens,
+                                  " is out of range (0..", kMaxRecentTokens, ")"),
+                          "kv_recent_tokens");
   }
   keys_.centered = config.center_keys;
   values_.centered = config.center_values;
@@ -189,6 +195,11 @@ void TurboQuantKVCache::append(const float* k, const float* v, int n_tokens) {
   if (coded == 0) return;
   k += to_sinks * row;
   v += to_sinks * row;
+  if (config_.recent_tokens > 0) {
+    // The W - 1 positions before the chunk stay: its first queries read them.
+    recent_.drop_oldest(recent_.rows() - std::min<int64_t>(recent_.rows(), held_recent_rows()));
+    recent_.append(k, v, coded);
+  }
   if (!keys_.ready || !values_.ready) calibrated_on_ = sinks_.rows() + coded;
   if (!keys_.ready) calibrate(keys_, k, coded);
   if (!values_.ready) calibrate(values_, v, coded);
@@ -221,6 +232,12 @@ void TurboQuantKVCache::trim(int64_t n) {
     throw InvalidArgument(str_cat("trim(", n, ") on a cache of ", size(), " tokens"));
   }
   const int64_t from_codes = std::min(n, coded_rows());
+  if (config_.recent_tokens > 1 && from_codes > 0) {
+    throw Unsupported(str_cat(
+        "trim(", n, "): a cache with kv_recent_tokens=", config_.recent_tokens,
+        " no longer holds the fp16 rows of the positions before its last ", recent_.rows()));
+  }
+  recent_.drop_newest(std::min(from_codes, recent_.rows()));
   keys_.rows.drop_newest(from_codes);
   values_.rows.drop_newest(from_codes);
   sinks_.drop_newest(n - from_codes);
@@ -238,7 +255,8 @@ size_t TurboQuantKVCache::nbytes() const {
     if (tensor->split()) metadata += 2 * size_t(kv_heads_) * head_dim_;
     if (tensor->centered) metadata += 2 * size_t(kv_heads_) * head_dim_;
   }
-  return keys_.rows.nbytes() + values_.rows.nbytes() + metadata + sinks_.nbytes();
+  return keys_.rows.nbytes() + values_.rows.nbytes() + metadata + sinks_.nbytes() +
+         recent_.nbytes();
 }
 
 TurboQuantKVView TurboQuantKVCache::view() const {
@@ -287,6 +305,10 @@ void TurboQuantKVCache::attend(const float* q, int n_q, const AttentionParams& p
         "(logit_softcap > 0) must keep keys uncentered");
   }
   const AttentionQueries queries{q, n_q, size() - n_q};
+  if (config_.recent_tokens > 0) {
+    attend_with_recent(queries, params, out);
+    return;
+  }
   if (sinks_.rows() == 0) {
     attend_coded(queries, params, out, nullptr);
     return;
@@ -307,6 +329,63 @@ void TurboQuantKVCache::attend(const float* q, int n_q, const AttentionParams& p
                            head_dim_, out, nullptr);
 }
 
+int64_t TurboQuantKVCache::held_recent_rows() const {
+  return std::min<int64_t>(config_.recent_tokens - 1, coded_rows());
+}
+
+void TurboQuantKVCache::attend_with_recent(const AttentionQueries& queries,
+                                           const AttentionParams& params, float* out) const {
+  const int W = config_.recent_tokens;
+  const int64_t n_q = queries.n_q;
+  // The queries read positions > first query - W from the recent rows.
+  const int64_t needed = std::min<int64_t>(coded_rows(), n_q + W - 1);
+  if (recent_.rows() < needed) {
+    throw Unsupported(str_cat("attend: a cache with kv_recent_tokens=", W, " holds ",
+                              recent_.rows(), " recent rows, ", n_q, " queries need ", needed,
+                              " (each chunk's queries attend once, after its append)"));
+  }
+  const int64_t rows = n_q * params.n_heads;
+  std::vector<float> lse(static_cast<size_t>(rows)), part_lse(lse.size());  // [n_q, heads]
+  std::vector<float> part(size_t(rows) * head_dim_);                        // [n_q, heads, d]
+  // Recent rows: positions (p - W, p], and within the model's sliding window.
+  AttentionParams recent_params = params;
+  recent_params.sliding_window = params.sliding_window > 0 ? std::min(params.sliding_window, W) : W;
+  attention_dense(recent_view(), queries, recent_params, out, best_attention_isa(), lse.data());
+  // Coded rows: positions <= p - W. Queries moved back by W see exactly those; the model's
+  // window (p - Ws, p] becomes (p' - (Ws - W), p'].
+  if (coded_rows() > 0 && (params.sliding_window <= 0 || params.sliding_window > W)) {
+    AttentionQueries shifted = queries;
+    shifted.first_pos -= W;
+    AttentionParams coded_params = params;
+    if (params.sliding_window > 0) coded_params.sliding_window = params.sliding_window - W;
+    attend_coded(shifted, coded_params, part.data(), part_lse.data());
+    merge_attention_partials(out, lse.data(), part.data(), part_lse.data(), rows, head_dim_, out,
+                             lse.data());
+  }
+  if (sinks_.rows() > 0) {
+    attention_dense(sinks_.view(0), queries, params, part.data(), best_attention_isa(),
+                    part_lse.data());
+    merge_attention_partials(out, lse.data(), part.data(), part_lse.data(), rows, head_dim_, out,
+                             nullptr);
+  }
+  // No later query reads a position before size() - (W - 1).
+  recent_.drop_oldest(recent_.rows() - held_recent_rows());
+}
+
+void TurboQuantKVCache::set_recent_rows(const std::vector<uint16_t>& rows, int64_t n) {
+  if (config_.recent_tokens == 0 || n != held_recent_rows() ||
+      rows.size() != 2 * size_t(n) * kv_heads_ * head_dim_) {
+    throw InvalidArgument(str_cat("set_recent_rows: ", n, " rows (", rows.size(),
+                                  " halves) for a cache that holds ", held_recent_rows(),
+                                  " recent rows of ", kv_heads_, " x ", head_dim_));
+  }
+  ByteWriter bytes;
+  for (uint16_t h : rows) bytes.put<uint16_t>(h);
+  ByteReader in(bytes.buffer().data(), bytes.buffer().size());
+  recent_.drop_oldest(recent_.rows());
+  recent_.read_append(in, n);
+}
+
 void TurboQuantKVCache::write_state(ByteWriter& out) const {
   write_cache_header(out, "turboquant", kv_heads_, head_dim_);
   out.put<double>(config_.key_bits);
@@ -316,6 +395,8 @@ void TurboQuantKVCache::write_state(ByteWriter& out) const {
   out.put<uint8_t>(config_.center_keys ? 1 : 0);
   out.put<uint8_t>(config_.center_values ? 1 : 0);
   out.put<int32_t>(config_.sink_tokens);
+  // Only when set: records of caches without it (cache file version 3) stay as they were.
+  if (config_.recent_tokens > 0) out.put<int32_t>(config_.recent_tokens);
   for (const Tensor* tensor : {&keys_, &values_}) {
     out.put<uint8_t>(tensor->ready && tensor->needs_calibration() ? 1 : 0);
     for (uint16_t m : tensor->mean) out.put<uint16_t>(m);
@@ -337,9 +418,13 @@ void TurboQuantKVCache::read_state(ByteReader& in) {
   expect_same("value centering", int(in.get<uint8_t>("value centering")),
               int(config_.center_values));
   expect_same("sink tokens", in.get<int32_t>("sink tokens"), config_.sink_tokens);
+  if (config_.recent_tokens > 0) {
+    expect_same("recent tokens", in.get<int32_t>("recent tokens"), config_.recent_tokens);
+  }
   keys_.rows.drop_newest(keys_.rows.rows());
   values_.rows.drop_newest(values_.rows.rows());
   sinks_.drop_newest(sinks_.rows());
+  recent_.drop_newest(recent_.rows());
   const size_t row = size_t(kv_heads_) * head_dim_;
   for (Tensor* tensor : {&keys_, &values_}) {
     const bool calibrated = in.get<uint8_t>("calibration flag") != 0;
@@ -390,6 +475,15 @@ void TurboQuantKVCache::write_rows(ByteWriter& out, int64_t first, int64_t n) co
   const int64_t coded_first = std::max<int64_t>(first - sinks_.rows(), 0);
   keys_.rows.write(out, coded_first, n - sinks);
   values_.rows.write(out, coded_first, n - sinks);
+  if (config_.recent_tokens <= 1) return;
+  // The window's fp16 rows exist for the last positions only.
+  if (first + n != size()) {
+    throw Unsupported(str_cat("rows [", first, ", ", first + n, ") of a cache of ", size(),
+                              " tokens with kv_recent_tokens=", config_.recent_tokens,
+                              ": a prefix lacks the fp16 rows of its last positions"));
+  }
+  const int64_t held = held_recent_rows();
+  recent_.write(out, recent_.rows() - held, held);
 }
 
 void TurboQuantKVCache::read_rows(ByteReader& in, int64_t n) {
@@ -403,6 +497,9 @@ void TurboQuantKVCache::read_rows(ByteReader& in, int64_t n) {
   }
   keys_.rows.read_append(in, n - sinks);
   values_.rows.read_append(in, n - sinks);
+  if (config_.recent_tokens <= 1) return;
+  recent_.drop_oldest(recent_.rows());
+  recent_.read_append(in, held_recent_rows());
 }
 
 DenseKVCache TurboQuantKVCache::to_dense() const {

@@ -21,6 +21,16 @@
 //    coded part's log-sum-exp gets scale * <q, mu_k> added back (fp32, j ascending) before the
 //    merge. Soft-capped scores are not shift-invariant: key centering refuses them.
 //  Means and split channel orders are fixed once and kept through trim().
+//  - Recent tokens (W = recent_tokens > 0): a query at position p reads the keys and values of
+//    positions max(sink_tokens, p - W + 1) .. p as fp16 rows (f32_to_f16 of the appended
+//    values, uncentered) and the coded rows only up to position p - W; every token is still
+//    coded as with W = 0 (codes, norms and means do not change). The three parts (coded,
+//    recent, sinks) are merged by log-sum-exp. The cache holds the fp16 rows of positions
+//    >= max(sink_tokens, size() - (W - 1)) between steps; append() adds those of the chunk
+//    (held until the chunk's queries have attended), attend() drops rows no later query can
+//    read. A prefix of such a cache is not exact (the window's rows of its last positions are
+//    gone): trim() and write_rows() of a range that does not end at size() throw Unsupported
+//    when W > 1.
 #pragma once
 
 #include <memory>
@@ -34,6 +44,7 @@
 namespace turbokv {
 
 constexpr int kMaxSinkTokens = 65536;
+constexpr int kMaxRecentTokens = 1024;
 
 struct TurboQuantKVConfig {
   double key_bits = 3;    // multiple of 0.5 in [1, 8]
@@ -44,6 +55,8 @@ struct TurboQuantKVConfig {
   bool center_keys = false;    // subtract the per-head key mean before coding
   bool center_values = false;  // subtract the per-head value mean before coding
   int sink_tokens = 0;         // the first positions kept as fp16 rows (0..kMaxSinkTokens)
+  int recent_tokens =
+      0;  // W: each query's last W positions read as fp16 rows (0..kMaxRecentTokens)
 };
 
 // The codec settings of one tensor (keys or values) of such a cache: its bits, the cache's seed
@@ -68,12 +81,17 @@ class TurboQuantKVCache : public KVCache {
   void trim(int64_t n) override;
   // Codes + norms of every coded token, 4 bytes per element of each fp16 sink token (keys and
   // values), and once the first coded chunk has fixed them: the means (2 bytes per channel per
-  // KV head per centered tensor) and the split channel orders (the same per split tensor).
+  // KV head per centered tensor) and the split channel orders (the same per split tensor), and
+  // 4 bytes per element of each recent row held.
   size_t nbytes() const override;
-  // Throws Unsupported for soft-capped scores with centered keys.
+  // Throws Unsupported for soft-capped scores with centered keys, and with recent_tokens > 0
+  // when the recent rows the queries need are gone (each chunk's queries attend once, after
+  // its append).
   void attend(const float* q, int n_q, const AttentionParams& params, float* out) const override;
-  // State: bits, seed, norm mode (norm_mode_byte), centering, sink tokens, the means, the split channel
-  // orders and the tokens they were estimated on. Rows: fp16 sink rows, then codes and norms.
+  // State: bits, seed, norm mode (norm_mode_byte), centering, sink tokens, recent tokens (when
+  // > 0), the means, the split channel orders and the tokens they were estimated on. Rows: fp16
+  // sink rows, then codes and norms, then (recent_tokens > 1, a range ending at size() only) the
+  // fp16 rows of the last min(recent_tokens - 1, coded) positions.
   void write_state(ByteWriter& out) const override;
   void read_state(ByteReader& in) override;
   void write_rows(ByteWriter& out, int64_t first, int64_t n) const override;
@@ -115,6 +133,14 @@ class TurboQuantKVCache : public KVCache {
   // The coded rows (positions sink_rows() onwards) and the fp16 sink rows (positions 0 ..).
   TurboQuantKVView view() const;
   DenseKVView sink_view() const { return sinks_.view(0); }
+  // The fp16 recent rows held (recent_tokens > 0): positions recent_view().first_pos ..
+  // size() - 1, never below sink_tokens.
+  int64_t recent_rows() const { return recent_.rows(); }
+  DenseKVView recent_view() const { return recent_.view(size() - recent_.rows()); }
+  // Replaces the held recent rows by rows ([keys, values][kv_heads][n][head_dim] fp16 bits) of
+  // positions size() - n .. size() - 1 (device caches' to_host); n must be
+  // min(recent_tokens - 1, coded_rows()). InvalidArgument otherwise.
+  void set_recent_rows(const std::vector<uint16_t>& rows, int64_t n);
   // Raw state for save/load (kv/cache_file.cc): [kv_heads, capacity, ...] rows.
   PackedRows& key_rows() { return keys_.rows; }
   PackedRows& value_rows() { return values_.rows; }
@@ -150,12 +176,20 @@ class TurboQuantKVCache : public KVCache {
   // scale * <q, mu_k> (the log-sum-exp of the uncentered scores).
   void attend_coded(const AttentionQueries& queries, const AttentionParams& params, float* out,
                     float* lse) const;
+  // recent_tokens > 0: recent rows, coded rows up to p - W and sink rows, merged.
+  void attend_with_recent(const AttentionQueries& queries, const AttentionParams& params,
+                          float* out) const;
+  // The recent rows kept between steps: min(recent_tokens - 1, coded_rows()).
+  int64_t held_recent_rows() const;
 
   int kv_heads_;
   int head_dim_;
   TurboQuantKVConfig config_;
   Tensor keys_, values_;
-  DenseRows sinks_;            // [kv_heads, <= sink_tokens, head_dim] fp16
+  DenseRows sinks_;  // [kv_heads, <= sink_tokens, head_dim] fp16
+  // [kv_heads, rows, head_dim] fp16 rows of the last positions (recent_tokens > 0); attend()
+  // drops the ones no later query reads.
+  mutable DenseRows recent_;
   int64_t calibrated_on_ = 0;  // tokens up to the end of the first coded chunk (0: none)
 };
 

@@ -229,8 +229,7 @@ TEST(CacheFile, OutOfRangeKVSettingsAreFormatErrors) {
       load(caches, path);
       ADD_FAILURE() << "no error";
     } catch (const FormatError& e) {
-      EXPECT_NE(std::string(e.what()).find("malformed KV settings"), std::string::npos)
-          << e.what();
+      EXPECT_NE(std::string(e.what()).find("malformed KV settings"), std::string::npos) << e.what();
     }
   }
 }
@@ -261,6 +260,75 @@ TEST(CacheFile, DescribeKVNamesTheScheme) {
 TEST(CacheFile, Crc32MatchesTheStandardCheckValue) {
   const char* check = "123456789";  // the CRC-32 catalogue check value is 0xCBF43926
   EXPECT_EQ(crc32(reinterpret_cast<const uint8_t*>(check), 9), 0xCBF43926u);
+}
+
+}  // namespace
+}  // namespace turbokv
+
+namespace turbokv {
+namespace {
+
+// Recent tokens: the setting and each cache's window rows are in the file; a loaded sequence
+// goes on with the same bits. A version 3 file (no recent_tokens field; written here by
+// cutting the field out of a version 4 file and fixing the sizes and checksum) loads with 0.
+TEST(CacheFile, RecentTokensRoundTripAndVersion3Files) {
+  KVOptions o;
+  o.kv_bits = 3.5;
+  o.last_layer_dense = false;
+  o.kv_sink_tokens = 1;
+  o.kv_recent_tokens = 5;
+  const ResolvedKV kv = resolve_kv_options(o);
+  LayerCaches saved = make_layer_caches(kLayers, kv);
+  fill(saved, 30, 11);
+  const std::string path = temp_path("recent.tkv");
+  save_cache_file(path, info_for(kv, 30), saved);
+  LayerCaches loaded = make_layer_caches(kLayers, kv);
+  CacheFileReader reader(path);
+  EXPECT_EQ(reader.info().kv.recent_tokens, 5);
+  reader.load_caches(loaded);
+  const auto k = testing::random_normal(size_t(2) * 64, 12), v = testing::random_normal(128, 13);
+  for (LayerCaches* caches : {&saved, &loaded}) {
+    for (auto& cache : *caches) cache->append(k.data(), v.data(), 1);
+  }
+  const auto q = testing::random_normal(size_t(kHeads) * 64, 14);
+  for (size_t l = 0; l < saved.size(); ++l) {
+    std::vector<float> a(q.size()), b(q.size());
+    saved[l]->attend(q.data(), 1, AttentionParams{kHeads, 0.125f, 0, 0}, a.data());
+    loaded[l]->attend(q.data(), 1, AttentionParams{kHeads, 0.125f, 0, 0}, b.data());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "layer " << l;
+  }
+  EXPECT_NE(describe_kv(kv).find("5 recent tokens"), std::string::npos) << describe_kv(kv);
+
+  // Version 3: the same settings without recent_tokens.
+  const ResolvedKV plain = options(3, "turboquant");
+  LayerCaches caches = make_layer_caches(kLayers, plain);
+  fill(caches, 30, 15);
+  const std::string v4_path = temp_path("v4.tkv");
+  CacheFileInfo info = info_for(plain, 30);
+  save_cache_file(v4_path, info, caches);
+  std::vector<uint8_t> bytes = read_file(v4_path);
+  const size_t header = 8 + 4 + 8;
+  // model tag (u32 + bytes), fingerprint, then the settings up to hadamard: 55 bytes.
+  const size_t field = header + 4 + info.model_tag.size() + 8 + 55;
+  int32_t recent = -1;
+  std::memcpy(&recent, bytes.data() + field, 4);
+  ASSERT_EQ(recent, 0);
+  bytes.erase(bytes.begin() + field, bytes.begin() + field + 4);
+  const uint32_t version = 3;
+  std::memcpy(bytes.data() + 8, &version, 4);
+  uint64_t payload = 0;
+  std::memcpy(&payload, bytes.data() + 12, 8);
+  payload -= 4;
+  std::memcpy(bytes.data() + 12, &payload, 8);
+  const uint32_t crc = crc32(bytes.data(), bytes.size() - 4);
+  std::memcpy(bytes.data() + bytes.size() - 4, &crc, 4);
+  const std::string v3_path = temp_path("v3.tkv");
+  write_file(v3_path, bytes);
+  LayerCaches old = make_layer_caches(kLayers, plain);
+  CacheFileReader v3(v3_path);
+  EXPECT_EQ(v3.info().kv, plain);
+  v3.load_caches(old);
+  EXPECT_EQ(attend_all(old), attend_all(caches));
 }
 
 }  // namespace

@@ -117,6 +117,12 @@ TEST(KVOptions, LeverValuesAreCheckedAndNamed) {
   EXPECT_EQ(param_of(o), "kv_sink_tokens");
   o.kv_sink_tokens = 4;
   EXPECT_EQ(resolve_kv_options(o).sink_tokens, 4);
+  o.kv_recent_tokens = -1;
+  EXPECT_EQ(param_of(o), "kv_recent_tokens");
+  o.kv_recent_tokens = 1025;
+  EXPECT_EQ(param_of(o), "kv_recent_tokens");
+  o.kv_recent_tokens = 3;
+  EXPECT_EQ(resolve_kv_options(o).recent_tokens, 3);
   o.kv_allocation = "greedy";
   EXPECT_EQ(param_of(o), "kv_allocation");
   o.kv_allocation = "none";
@@ -135,6 +141,9 @@ TEST(KVOptions, LeverValuesAreCheckedAndNamed) {
   uniform.kv_bits = 4;
   uniform.kv_unbiased_norm = true;
   EXPECT_EQ(param_of(uniform), "kv_unbiased_norm");
+  uniform.kv_unbiased_norm = false;
+  uniform.kv_recent_tokens = 2;
+  EXPECT_EQ(param_of(uniform), "kv_recent_tokens");
 }
 
 }  // namespace
