@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Bits vs KL divergence of KV-cache settings from `turbokv perplexity --sweep ... --csv FILE`.
 
-Each row of the CSV is one setting; it is drawn in one of three families: TurboQuant, uniform
-groups, and uniform groups after a Hadamard rotation (a setting with --kv-hadamard). The x axis
+Each row of the CSV is one setting; it is drawn in one of four families: TurboQuant, TurboQuant
+with recent tokens in fp16 (a setting with --kv-recent-tokens), uniform groups, and uniform
+groups after a Hadamard rotation (a setting with --kv-hadamard). The x axis
 is kv_bits_effective (everything stored for the whole model, per K/V element), the y axis
 kld_mean (log scale). Each family's Pareto frontier (the settings no other setting of the family
 beats on both bits and KLD) is joined by a line.
@@ -19,13 +20,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 FAMILIES = [("turboquant", "TurboQuant", "tab:blue", "o"),
+            ("turboquant+recent", "TurboQuant + recent tokens in fp16", "tab:purple", "D"),
             ("uniform", "uniform groups", "tab:orange", "s"),
             ("uniform+hadamard", "uniform + Hadamard", "tab:green", "^")]
 
 
 def family(row):
     if row["kv_scheme"] == "turboquant":
-        return "turboquant"
+        return "turboquant+recent" if "--kv-recent-tokens" in row["setting"] else "turboquant"
     return "uniform+hadamard" if "--kv-hadamard" in row["setting"] else "uniform"
 
 
