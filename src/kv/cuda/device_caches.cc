@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "core/error.h"
+#include "core/half.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kv/byte_io.h"
@@ -31,11 +33,14 @@ size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
 // A cache's state block: [key order][value order] int [kv_heads, head_dim] and [key mean]
 // [value mean] fp16 [kv_heads, head_dim] for a calibrating format, then [sink keys][sink
-// values] fp16 [kv_heads, sink_tokens, head_dim]; each section 16-B aligned.
+// values] fp16 [kv_heads, sink_tokens, head_dim], then the recent-token ring [keys][values]
+// fp16 [kv_heads, recent_tokens - 1, head_dim]; each section 16-B aligned.
 struct StateLayout {
   size_t key_order = 0, value_order = 0, key_mean = 0, value_mean = 0;
   size_t sink_keys = 0, sink_values = 0;
   size_t sink_bytes = 0;  // of each sink section
+  size_t recent_keys = 0, recent_values = 0;
+  size_t recent_bytes = 0;  // of each ring section
   size_t bytes = 0;
 };
 
@@ -57,6 +62,11 @@ StateLayout state_layout(const DeviceFormat& f) {
     l.sink_bytes = hd * size_t(f.sink_tokens()) * 2;
     l.sink_keys = take(l.sink_bytes);
     l.sink_values = take(l.sink_bytes);
+  }
+  if (f.recent_tokens() > 1) {
+    l.recent_bytes = hd * size_t(f.recent_tokens() - 1) * 2;
+    l.recent_keys = take(l.recent_bytes);
+    l.recent_values = take(l.recent_bytes);
   }
   return l;
 }
@@ -125,6 +135,12 @@ DeviceKVCache::DeviceKVCache(DeviceCacheContext& context,
   if (staged_ && quantized_kv_start < 1) {
     throw InvalidArgument(str_cat("quantized_kv_start ", quantized_kv_start, " must be >= 1"));
   }
+  // A conversion would have to rebuild the ring before the converting step's attention.
+  if (staged_ && staged_->recent_tokens() > 1) {
+    throw Unsupported(
+        "--device cuda: kv_recent_tokens > 1 with --quantized-kv-start is not supported on the "
+        "CUDA backend; use --device cpu, or kv_recent_tokens 0 or 1");
+  }
   if (window_ == 0) state_host_ = format_->host_cache();
   reset_state_storage();
 }
@@ -148,6 +164,7 @@ void DeviceKVCache::convert_to_staged_format() {
   dense.copy_tokens(0, dense.size(), &k, &v);
   const int n = int(dense.size());
   release_all_blocks();
+  drop_pending();
   size_ = 0;
   format_ = std::move(staged_);
   staged_.reset();
@@ -173,6 +190,11 @@ const uint8_t* DeviceKVCache::zero_block() const {
 
 void DeviceKVCache::reserve_tokens(int n) {
   if (n < 0) throw InvalidArgument(str_cat("reserve_tokens(", n, ")"));
+  fold_recent();
+  grow_blocks(n);
+}
+
+void DeviceKVCache::grow_blocks(int n) {
   const int64_t need = blocks_for(size_ + n);
   while (int64_t(blocks_.size()) < need) {
     blocks_.push_back(context_.pool().allocate(format_->block_bytes()));
@@ -207,11 +229,11 @@ void DeviceKVCache::reset_state_storage() {
   const StateLayout l = state_layout(*format_);
   if (l.bytes == 0) return;
   if (l.bytes > DeviceBlockPool::kChunkBytes) {
-    throw Unsupported(str_cat("--device cuda: ", format_->sink_tokens(), " sink tokens of ",
-                              kv_heads(), " KV heads x ", head_dim(), " need ", l.bytes,
-                              " B of state per sequence and layer, more than the ",
-                              DeviceBlockPool::kChunkBytes >> 20,
-                              " MiB the GPU pool gives one allocation; use fewer sink tokens"));
+    throw Unsupported(str_cat(
+        "--device cuda: ", format_->sink_tokens(), " sink tokens and ", format_->recent_tokens(),
+        " recent tokens of ", kv_heads(), " KV heads x ", head_dim(), " need ", l.bytes,
+        " B of state per sequence and layer, more than the ", DeviceBlockPool::kChunkBytes >> 20,
+        " MiB the GPU pool gives one allocation; use fewer sink or recent tokens"));
   }
   state_bytes_ = l.bytes;
   state_block_ = context_.pool().allocate(state_bytes_);
@@ -219,6 +241,157 @@ void DeviceKVCache::reset_state_storage() {
     state_.sink_keys = reinterpret_cast<__half*>(state_block_ + l.sink_keys);
     state_.sink_values = reinterpret_cast<__half*>(state_block_ + l.sink_values);
   }
+  if (l.recent_bytes > 0) {
+    state_.recent_keys = reinterpret_cast<__half*>(state_block_ + l.recent_keys);
+    state_.recent_values = reinterpret_cast<__half*>(state_block_ + l.recent_values);
+  }
+}
+
+void DeviceKVCache::drop_pending() const {
+  pending_k_ = DeviceBuffer<float>();
+  pending_v_ = DeviceBuffer<float>();
+  pending_rows_ = 0;
+  pending_attended_ = false;
+}
+
+void DeviceKVCache::fold_recent(int64_t keep) const {
+  keep = std::clamp<int64_t>(keep, 0, pending_rows_);
+  const int64_t folded = pending_rows_ - keep;
+  if (folded > 0 && format_->recent_tokens() > 1) {
+    // The folded rows as the queries of one sequence of length size_ - keep: the update
+    // kernel's input as after the attention of a step.
+    const size_t table_entries = std::max<size_t>(1, size_t(blocks_for(size_)));
+    const size_t off_len = align16(table_entries * 8), off_qs = off_len + 16;
+    const size_t off_state = off_qs + 16;
+    void* base = context_.scratch(off_state + align16(sizeof(TQSequenceState)));
+    std::vector<const uint8_t*> table(table_entries, zero_block());
+    const int len = int(size_ - keep);
+    const int q_start[2] = {0, int(folded)};
+    const TQSequenceState st = state_;
+    PagedBatch batch;
+    batch.block_table = scratch_copy(context_, table.data(), table.size(), 0, base);
+    batch.table_stride = int(table_entries);
+    batch.seq_len = scratch_copy(context_, &len, 1, off_len, base);
+    batch.batch = 1;
+    batch.max_len = len;
+    QueryRows q;
+    q.q_start = scratch_copy(context_, q_start, 2, off_qs, base);
+    q.max_n_q = int(folded);
+    q.k_new = pending_k_.data();
+    q.v_new = pending_v_.data();
+    format_->update_recent(batch, scratch_copy(context_, &st, 1, off_state, base), q,
+                           context_.stream());
+    TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+  }
+  if (keep == 0 || folded == 0) {
+    if (keep == 0) drop_pending();
+    return;
+  }
+  const size_t row = size_t(kv_heads()) * head_dim(), count = size_t(keep) * row;
+  DeviceBuffer<float> pk(count), pv(count);
+  TURBOKV_CUDA_CHECK(cudaMemcpyAsync(pk.data(), pending_k_.data() + size_t(folded) * row, count * 4,
+                                     cudaMemcpyDeviceToDevice, context_.stream()));
+  TURBOKV_CUDA_CHECK(cudaMemcpyAsync(pv.data(), pending_v_.data() + size_t(folded) * row, count * 4,
+                                     cudaMemcpyDeviceToDevice, context_.stream()));
+  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+  pending_k_ = std::move(pk);
+  pending_v_ = std::move(pv);
+  pending_rows_ = keep;
+}
+
+std::pair<const float*, const float*> DeviceKVCache::recent_input(int n_q) const {
+  if (format_->recent_tokens() == 0 || n_q <= 0) return {nullptr, nullptr};
+  if (n_q > pending_rows_) {
+    throw InvalidArgument(str_cat("attend: ", n_q, " queries on a GPU cache with recent tokens, ",
+                                  "but ", pending_rows_,
+                                  " tokens were appended since its last attention"));
+  }
+  // Rows before the queries' are read from the ring, as the kernels read them.
+  if (n_q < pending_rows_) fold_recent(n_q);
+  pending_attended_ = true;
+  return {pending_k_.data(), pending_v_.data()};
+}
+
+std::vector<uint16_t> DeviceKVCache::download_recent(int64_t* n_out) const {
+  const int W = format_->recent_tokens();
+  const int64_t coded = size_ - std::min<int64_t>(size_, format_->sink_tokens());
+  const int64_t n = std::min<int64_t>(W - 1, coded);
+  *n_out = n;
+  const int heads = kv_heads(), d = head_dim();
+  const size_t row = size_t(heads) * d;
+  std::vector<uint16_t> rows(2 * row * size_t(n));
+  if (n == 0) return rows;
+  const StateLayout l = state_layout(*format_);
+  const int ring = W - 1;
+  std::vector<uint16_t> rk(l.recent_bytes / 2), rv(rk.size());
+  TURBOKV_CUDA_CHECK(cudaMemcpyAsync(rk.data(), state_block_ + l.recent_keys, l.recent_bytes,
+                                     cudaMemcpyDeviceToHost, context_.stream()));
+  TURBOKV_CUDA_CHECK(cudaMemcpyAsync(rv.data(), state_block_ + l.recent_values, l.recent_bytes,
+                                     cudaMemcpyDeviceToHost, context_.stream()));
+  const int64_t from_pending = std::min<int64_t>(n, pending_rows_);
+  std::vector<float> pk(size_t(from_pending) * row), pv(pk.size());
+  if (from_pending > 0) {
+    const size_t first = size_t(pending_rows_ - from_pending) * row;
+    TURBOKV_CUDA_CHECK(cudaMemcpyAsync(pk.data(), pending_k_.data() + first, pk.size() * 4,
+                                       cudaMemcpyDeviceToHost, context_.stream()));
+    TURBOKV_CUDA_CHECK(cudaMemcpyAsync(pv.data(), pending_v_.data() + first, pv.size() * 4,
+                                       cudaMemcpyDeviceToHost, context_.stream()));
+  }
+  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t p = size_ - n + t;
+    const int64_t pending_row = p - (size_ - from_pending);  // >= 0: a pending row
+    for (int h = 0; h < heads; ++h) {
+      uint16_t* k = &rows[(size_t(h) * n + t) * d];
+      uint16_t* v = k + row * size_t(n);
+      for (int j = 0; j < d; ++j) {
+        if (pending_row >= 0) {
+          const size_t src = (size_t(pending_row) * heads + h) * d + j;
+          k[j] = f32_to_f16(pk[src]);
+          v[j] = f32_to_f16(pv[src]);
+        } else {
+          const size_t src = (size_t(h) * ring + size_t(p % ring)) * d + j;
+          k[j] = rk[src];
+          v[j] = rv[src];
+        }
+      }
+    }
+  }
+  return rows;
+}
+
+void DeviceKVCache::upload_recent_of(const KVCache& host) {
+  drop_pending();
+  const int W = format_->recent_tokens();
+  if (W <= 1) return;
+  const auto* tq = dynamic_cast<const TurboQuantKVCache*>(&host);
+  if (tq == nullptr) throw FormatError("recent rows from a cache that is not TurboQuant");
+  const DenseKVView view = tq->recent_view();
+  const int64_t size = host.size();
+  const int64_t first = std::max<int64_t>(format_->sink_tokens(), size - (W - 1));
+  if (first >= size) return;
+  if (view.dtype != KVDType::kF16 || view.first_pos > first ||
+      view.first_pos + view.n_tokens < size) {
+    throw FormatError(str_cat("the CPU cache holds recent rows of positions ", view.first_pos,
+                              " .. ", view.first_pos + view.n_tokens - 1, ", the GPU cache needs ",
+                              first, " .. ", size - 1));
+  }
+  const int heads = kv_heads(), d = head_dim(), ring = W - 1;
+  const StateLayout l = state_layout(*format_);
+  std::vector<uint16_t> rk(l.recent_bytes / 2, 0), rv(rk.size(), 0);
+  for (int64_t p = first; p < size; ++p) {
+    for (int h = 0; h < heads; ++h) {
+      const size_t src = (size_t(h) * view.head_stride + size_t(p - view.first_pos)) * d;
+      const size_t dst = (size_t(h) * ring + size_t(p % ring)) * d;
+      std::memcpy(&rk[dst], static_cast<const uint16_t*>(view.k) + src, 2 * size_t(d));
+      std::memcpy(&rv[dst], static_cast<const uint16_t*>(view.v) + src, 2 * size_t(d));
+    }
+  }
+  TURBOKV_CUDA_CHECK(cudaMemcpyAsync(state_block_ + l.recent_keys, rk.data(), l.recent_bytes,
+                                     cudaMemcpyHostToDevice, context_.stream()));
+  TURBOKV_CUDA_CHECK(cudaMemcpyAsync(state_block_ + l.recent_values, rv.data(), l.recent_bytes,
+                                     cudaMemcpyHostToDevice, context_.stream()));
+  TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
 }
 
 size_t DeviceKVCache::state_block_bytes(const DeviceFormat& f) {
@@ -321,8 +494,9 @@ void DeviceKVCache::adopt_host_state() {
 std::shared_ptr<const KVRows> DeviceKVCache::copy_rows(int64_t first, int64_t n) const {
   check_rows(first, n);
   // Sink rows live outside the blocks: rows that include them are copied.
+  // So do the rows of a cache with a recent-token ring (its rows live outside the blocks too).
   if (window_ == 0 && quantized_kv_start_ == 0 && n > 0 && first % kBlockTokens == 0 &&
-      n % kBlockTokens == 0 && first >= format_->sink_tokens()) {
+      n % kBlockTokens == 0 && first >= format_->sink_tokens() && format_->recent_tokens() <= 1) {
     std::vector<uint8_t*> shared(blocks_.begin() + first / kBlockTokens,
                                  blocks_.begin() + (first + n) / kBlockTokens);
     return std::make_shared<const DeviceKVRows>(context_.pool(), format_, std::move(shared), n);
@@ -333,10 +507,11 @@ std::shared_ptr<const KVRows> DeviceKVCache::copy_rows(int64_t first, int64_t n)
 void DeviceKVCache::append_rows(const KVRows& rows) {
   const auto* device = dynamic_cast<const DeviceKVRows*>(&rows);
   if (device == nullptr || device->format() != format_.get() || size_ % kBlockTokens != 0 ||
-      window_ > 0 || size_ < format_->sink_tokens()) {
+      window_ > 0 || size_ < format_->sink_tokens() || format_->recent_tokens() > 1) {
     KVCache::append_rows(rows);
     return;
   }
+  fold_recent();
   // Blocks reserved past the tokens held give way to the shared ones.
   while (int64_t(blocks_.size()) > size_ / kBlockTokens) {
     context_.pool().release(blocks_.back(), format_->block_bytes());
@@ -353,6 +528,13 @@ void DeviceKVCache::trim(int64_t n) {
   if (n < 0 || n > size_) {
     throw InvalidArgument(str_cat("trim(", n, ") on a cache of ", size_, " tokens"));
   }
+  // As the CPU cache: a ring holds no shorter cache's last rows.
+  const int64_t coded = size_ - std::min<int64_t>(size_, format_->sink_tokens());
+  if (std::min(n, coded) > 0 && format_->recent_tokens() > 1) {
+    throw Unsupported(str_cat("trim(", n, "): a cache with ", format_->recent_tokens(),
+                              " recent tokens no longer holds the rows a shorter cache needs"));
+  }
+  pending_rows_ = std::max<int64_t>(0, pending_rows_ - n);
   if (window_ > 0 && n > 0) {
     const int64_t first_held = blocks_.empty() ? 0 : [&] {
       int64_t i = 0;
@@ -399,7 +581,8 @@ void DeviceKVCache::append_device(const float* k, const float* v, int n_tokens) 
     throw InvalidArgument(str_cat("append_device: ", n_tokens, " tokens without data"));
   }
   if (n_tokens == 0) return;
-  reserve_tokens(n_tokens);
+  if (pending_attended_) fold_recent();
+  grow_blocks(n_tokens);
   // Scratch: [row_seq][row_pos][table][seq_len][state]
   const size_t table_entries = blocks_.size();
   const size_t off_pos = align16(size_t(n_tokens) * 4);
@@ -431,6 +614,24 @@ void DeviceKVCache::append_device(const float* k, const float* v, int n_tokens) 
   const TQSequenceState st = state_;
   const TQSequenceState* states = scratch_copy(context_, &st, 1, off_state, base);
   format_->append(batch, states, rows, context_.stream());
+  if (format_->recent_tokens() > 0) {  // the rows' fp32 copy: attend() reads them as k_new
+    const size_t row = size_t(kv_heads()) * head_dim();
+    const size_t held = size_t(pending_rows_) * row, added = size_t(n_tokens) * row;
+    DeviceBuffer<float> pk(held + added), pv(held + added);
+    for (auto [dst, old, src] : {std::tuple{pk.data(), pending_k_.data(), k},
+                                 std::tuple{pv.data(), pending_v_.data(), v}}) {
+      if (held > 0) {
+        TURBOKV_CUDA_CHECK(
+            cudaMemcpyAsync(dst, old, held * 4, cudaMemcpyDeviceToDevice, context_.stream()));
+      }
+      TURBOKV_CUDA_CHECK(
+          cudaMemcpyAsync(dst + held, src, added * 4, cudaMemcpyDeviceToDevice, context_.stream()));
+    }
+    TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
+    pending_k_ = std::move(pk);
+    pending_v_ = std::move(pv);
+    pending_rows_ += n_tokens;
+  }
   TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
   advance(n_tokens);
 }
@@ -474,6 +675,7 @@ void DeviceKVCache::attend(const float* q, int n_q, const AttentionParams& param
   batch.block_table = scratch_copy(context_, table.data(), table.size(), off_table, base);
   batch.seq_len = scratch_copy(context_, &len, 1, off_len, base);
   rows.q_start = scratch_copy(context_, q_start, 2, off_qs, base);
+  std::tie(rows.k_new, rows.v_new) = recent_input(n_q);
   const TQSequenceState st = state_;
   const TQSequenceState* states = scratch_copy(context_, &st, 1, off_state, base);
   uint8_t* ws = static_cast<uint8_t*>(base) + off_ws;
@@ -504,7 +706,16 @@ std::unique_ptr<KVCache> DeviceKVCache::download() const {
                                        cudaMemcpyDeviceToHost, context_.stream()));
   }
   TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
-  return format_->to_host(host, size_, key_orders_, value_orders_, sinks);
+  std::unique_ptr<KVCache> cache = format_->to_host(host, size_, key_orders_, value_orders_, sinks);
+  set_host_recent_rows(*cache);
+  return cache;
+}
+
+void DeviceKVCache::set_host_recent_rows(KVCache& cache) const {
+  if (format_->recent_tokens() <= 1) return;
+  int64_t n = 0;
+  const std::vector<uint16_t> rows = download_recent(&n);
+  dynamic_cast<TurboQuantKVCache&>(cache).set_recent_rows(rows, n);
 }
 
 std::unique_ptr<KVCache> DeviceKVCache::to_host() const {
@@ -519,6 +730,7 @@ std::unique_ptr<KVCache> DeviceKVCache::to_host() const {
   cache->read_state(state_in);
   ByteReader rows_in(rows.buffer().data(), rows.buffer().size());
   cache->read_rows(rows_in, size_);
+  set_host_recent_rows(*cache);
   return cache;
 }
 
@@ -545,6 +757,7 @@ void DeviceKVCache::read_state(ByteReader& in) {
   check_copyable("loaded or restored");
   state_host_->read_state(in);  // checks the configuration, then holds the recorded state
   release_all_blocks();
+  drop_pending();
   size_ = 0;
   adopt_host_state();
 }
@@ -558,8 +771,9 @@ void DeviceKVCache::write_rows(ByteWriter& out, int64_t first, int64_t n) const 
 void DeviceKVCache::upload_rows_of(const KVCache& host) {
   const std::vector<uint8_t> blocks = format_->from_host(host);
   release_all_blocks();
+  drop_pending();
   size_ = 0;
-  reserve_tokens(int(host.size()));
+  grow_blocks(int(host.size()));
   const size_t bb = format_->block_bytes();
   for (size_t i = 0; i < blocks.size() / bb; ++i) {
     TURBOKV_CUDA_CHECK(cudaMemcpyAsync(blocks_[i], blocks.data() + i * bb, bb,
@@ -577,6 +791,7 @@ void DeviceKVCache::upload_rows_of(const KVCache& host) {
   }
   TURBOKV_CUDA_CHECK(cudaStreamSynchronize(context_.stream()));
   size_ = host.size();
+  upload_recent_of(host);
 }
 
 void DeviceKVCache::read_rows(ByteReader& in, int64_t n) {

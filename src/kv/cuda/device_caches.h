@@ -14,8 +14,10 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/kvcache/paged.h"
 #include "kernels/cuda/model_ops.h"
 #include "kv/cache_policy.h"
@@ -70,6 +72,11 @@ class DeviceFormat {
   // The first positions every sequence keeps as fp16 rows outside the blocks (TurboQuant sink
   // tokens; TQSequenceState::sink_keys / sink_values).
   virtual int sink_tokens() const { return 0; }
+  // TurboQuant recent tokens (W; TQFormat::recent_tokens): attend() needs the queries' own
+  // keys and values (QueryRows::k_new / v_new), and for W > 1 every sequence keeps a ring of its
+  // last W - 1 positions as fp16 rows (TQSequenceState::recent_keys / recent_values) that
+  // update_recent() writes after the attention.
+  virtual int recent_tokens() const { return 0; }
   // Bytes a cache of `tokens` tokens holds, as the CPU cache's nbytes() counts them;
   // calibrated: its per-sequence state is fixed.
   virtual size_t nbytes(int64_t tokens, bool calibrated) const {
@@ -97,6 +104,13 @@ class DeviceFormat {
   virtual void attend(const PagedBatch& batch, const TQSequenceState* states, const QueryRows& q,
                       const AttentionOptions& o, int n_q, void* workspace, size_t workspace_bytes,
                       cudaStream_t stream) const = 0;
+  // After attend() of the same batch and queries (q.k_new / v_new set, queued on the same
+  // stream): each sequence's recent-token ring gets its last positions. No kernel unless
+  // recent_tokens() > 1.
+  virtual void update_recent(const PagedBatch& batch, const TQSequenceState* states,
+                             const QueryRows& q, cudaStream_t stream) const {
+    (void)batch, (void)states, (void)q, (void)stream;
+  }
 
   // Host conversions (save/load, tests): the blocks of one sequence, downloaded
   // ([n_blocks][block_bytes]), to a CPU cache of `tokens` tokens of the same configuration,
@@ -178,13 +192,17 @@ class DeviceKVCache : public KVCache {
   void append_device(const float* k, const float* v, int n_tokens);
 
   // The pool bytes of the per-sequence state block a cache of format f holds next to its
-  // blocks (split channel orders, centering means, sink rows; 0: none), for admission.
+  // blocks (split channel orders, centering means, sink rows, the recent-token ring; 0: none),
+  // for admission.
   static size_t state_block_bytes(const DeviceFormat& f);
 
   // The CUDA model's path.
   const DeviceFormat& format() const { return *format_; }
   int window() const { return window_; }
-  // Makes room for n more tokens: allocates blocks. Throws PoolExhausted.
+  // Makes room for n more tokens: allocates blocks (throws PoolExhausted), and puts the rows of
+  // the host-path appends (append(), append_device()) into the recent-token ring, so the
+  // caller's next append and attention calls (QueryRows::k_new / v_new their own rows) and
+  // update_recent() find the ring as the kernels keep it.
   void reserve_tokens(int n);
   // Before each append of a calibrating format until it is calibrated: fixes the split channel
   // orders and centering means from the chunk's rows (device pointers [n, kv_heads,
@@ -203,6 +221,12 @@ class DeviceKVCache : public KVCache {
   const std::vector<uint8_t*>& blocks() const { return blocks_; }
   const uint8_t* zero_block() const;
   TQSequenceState state() const { return state_; }
+  // Recent tokens (format().recent_tokens() > 0): device rows [n_q, kv_heads, head_dim] fp32 of
+  // keys and values of the last n_q positions, appended through append() / append_device() since
+  // the last attention over them (what attend() passes as QueryRows::k_new / v_new); the rows
+  // appended so before them go into the ring first. Throws InvalidArgument when fewer were
+  // appended that way. After it, the next host-path append puts these rows into the ring.
+  std::pair<const float*, const float*> recent_input(int n_q) const;
 
   // Costly: the cache's contents as a CPU cache in the same state (a download).
   std::unique_ptr<KVCache> to_host() const;
@@ -216,9 +240,21 @@ class DeviceKVCache : public KVCache {
   std::unique_ptr<KVCache> download() const;
   void adopt_host_state();
   void upload_rows_of(const KVCache& host);
-  // The state block of the current format (orders, means, sink rows; none when it has no
-  // such state) and state_'s sink pointers.
+  // The state block of the current format (orders, means, sink rows, recent ring; none when it
+  // has no such state) and state_'s sink and ring pointers.
   void reset_state_storage();
+  void grow_blocks(int n);
+  // The pending host-path rows but the last `keep` into the ring (as after the attention of a
+  // sequence of size_ - keep tokens), then only those `keep` pending. Const: attend() folds
+  // what its queries do not cover.
+  void fold_recent(int64_t keep = 0) const;
+  // The held recent rows [keys, values][kv_heads][n][head_dim] fp16 of positions size_ - n ..
+  // size_ - 1, n = min(W - 1, size_ - sink tokens) (TurboQuantKVCache::set_recent_rows), and
+  // back into the ring from a CPU cache's recent_view().
+  std::vector<uint16_t> download_recent(int64_t* n) const;
+  void upload_recent_of(const KVCache& host);
+  void set_host_recent_rows(KVCache& cache) const;  // W > 1: download_recent() into it
+  void drop_pending() const;
   void set_calibration(const std::vector<std::vector<int>>& key_orders,
                        const std::vector<std::vector<int>>& value_orders,
                        const std::vector<uint16_t>& key_means,
@@ -243,6 +279,11 @@ class DeviceKVCache : public KVCache {
   uint8_t* state_block_ = nullptr;
   size_t state_bytes_ = 0;
   TQSequenceState state_;
+  // Recent tokens: the rows appended through the host path, not yet in the ring (positions
+  // size_ - pending_rows_ .. size_ - 1), fp32 [pending_rows_, kv_heads, head_dim].
+  mutable DeviceBuffer<float> pending_k_, pending_v_;
+  mutable int64_t pending_rows_ = 0;
+  mutable bool pending_attended_ = false;  // recent_input() read them
 };
 
 // The device caches of a plan (make_layer_caches's counterpart).

@@ -376,7 +376,8 @@ std::string plan_key(const LayerCachePlan& p, DenseElem elem) {
       return str_cat("turboquant ", p.kv_heads, " ", p.head_dim, " ", p.turboquant.key_bits, " ",
                      p.turboquant.value_bits, " ", p.turboquant.seed, " ",
                      p.turboquant.norm_correction, " ", p.turboquant.center_keys, " ",
-                     p.turboquant.center_values, " ", p.turboquant.sink_tokens);
+                     p.turboquant.center_values, " ", p.turboquant.sink_tokens, " ",
+                     p.turboquant.recent_tokens);
     case LayerCacheKind::kUniform:
       return str_cat("uniform ", p.kv_heads, " ", p.head_dim, " ", p.uniform.key_bits, " ",
                      p.uniform.value_bits, " ", p.uniform.group_size, " ", p.uniform.hadamard, " ",
@@ -385,11 +386,11 @@ std::string plan_key(const LayerCachePlan& p, DenseElem elem) {
   return "?";
 }
 
-// Integer key and value bits with a fused kernel, head_dim 128, no sink tokens (those take the
-// generic kernels, which attend them apart).
+// Integer key and value bits with a fused kernel, head_dim 128, no sink or recent tokens (those
+// take the generic kernels, which attend them apart).
 bool has_fused_turboquant(const LayerCachePlan& p) {
   if (p.kind != LayerCacheKind::kTurboQuant || p.head_dim != 128) return false;
-  if (p.turboquant.sink_tokens > 0) return false;
+  if (p.turboquant.sink_tokens > 0 || p.turboquant.recent_tokens > 0) return false;
   const double kb = p.turboquant.key_bits, vb = p.turboquant.value_bits;
   return kb == double(int(kb)) && vb == double(int(vb)) &&
          tq_attention_supported(int(kb), int(vb));

@@ -4,10 +4,11 @@
 //   dense f32 / f16 / bf16          generic paged kernels; the fused fp16 d = 128 kernel for
 //                                   global layers without soft-capping
 //   TurboQuant, head_dim 128, integer key and value bits with a fused kernel (K3/V4, K4/V3,
-//   K4/V4, K3/V3, K2/V3, K3/V2), with centering, without sink tokens
+//   K4/V4, K3/V3, K2/V3, K3/V2), with centering, without sink or recent tokens
 //                                   the fused kernels (tq_quantize, tq_attention)
 //   other TurboQuant, uniform       the generic paged kernels (kernels/cuda/kvcache): every
-//                                   bits / head_dim / split setting, centering, sink tokens,
+//                                   bits / head_dim / split setting, centering, sink and
+//                                   recent tokens,
 //                                   uniform with the Hadamard rotation
 #pragma once
 

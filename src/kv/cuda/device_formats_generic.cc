@@ -83,6 +83,9 @@ std::unique_ptr<quant::TurboQuantCodec> probe_codec(int head_dim, double bits,
 
 // Sink tokens (config.sink_tokens): positions below it are fp16 rows in the sequence's state
 // (their block slots stay unused), as the CPU cache keeps them apart from its coded rows.
+// Recent tokens (config.recent_tokens, W): every token is coded as without them; attention
+// reads each query's last W positions as fp16 rows (the step's own rows, QueryRows::k_new /
+// v_new, and a ring of W - 1 rows in the sequence's state that update_recent() keeps).
 // Centering: the means travel in TQSequenceState; the kernels subtract them before coding and
 // add them back at attention.
 class GenericTQDeviceFormat final : public DeviceFormat {
@@ -94,7 +97,7 @@ class GenericTQDeviceFormat final : public DeviceFormat {
         key_(probe_codec(p.head_dim, config_.key_bits, quant::TensorRole::kKey, config_)),
         value_(probe_codec(p.head_dim, config_.value_bits, quant::TensorRole::kValue, config_)),
         device_(p.kv_heads, *key_, *value_),
-        format_(with_sinks(device_.format(), config_.sink_tokens)),
+        format_(with_levers(device_.format(), config_)),
         geometry_(block_geometry(format_)) {}
 
   std::string type_name() const override { return "turboquant"; }
@@ -109,10 +112,15 @@ class GenericTQDeviceFormat final : public DeviceFormat {
            config_.center_values;
   }
   int sink_tokens() const override { return config_.sink_tokens; }
-  // As TurboQuantKVCache::nbytes(): coded rows, 4 bytes per element of each sink token, and
-  // once calibrated 2 bytes per channel per KV head for each split or centered tensor.
+  int recent_tokens() const override { return config_.recent_tokens; }
+  // As TurboQuantKVCache::nbytes() between steps: coded rows, 4 bytes per element of each sink
+  // token and of each recent row held (min(W - 1, coded rows)), and once calibrated 2 bytes per
+  // channel per KV head for each split or centered tensor.
   size_t nbytes(int64_t tokens, bool calibrated) const override {
     const int64_t sinks = std::min<int64_t>(tokens, config_.sink_tokens);
+    const int64_t recent = config_.recent_tokens > 0
+                               ? std::min<int64_t>(config_.recent_tokens - 1, tokens - sinks)
+                               : 0;
     const size_t hd = size_t(kv_heads_) * head_dim_;
     size_t metadata = 0;
     if (calibrated) {
@@ -120,7 +128,7 @@ class GenericTQDeviceFormat final : public DeviceFormat {
                           config_.center_keys + config_.center_values;
       metadata = size_t(tensors) * 2 * hd;
     }
-    return size_t(tokens - sinks) * bytes_per_token() + size_t(sinks) * 4 * hd + metadata;
+    return size_t(tokens - sinks) * bytes_per_token() + size_t(sinks + recent) * 4 * hd + metadata;
   }
 
   void append(const PagedBatch& batch, const TQSequenceState* states, const AppendRows& rows,
@@ -140,6 +148,10 @@ class GenericTQDeviceFormat final : public DeviceFormat {
           "(logit_softcap > 0) must keep keys uncentered");
     }
     paged_attention(format_, batch, states, q, o, workspace, workspace_bytes, stream);
+  }
+  void update_recent(const PagedBatch& batch, const TQSequenceState* states, const QueryRows& q,
+                     cudaStream_t stream) const override {
+    if (config_.recent_tokens > 1) paged_recent_update(format_, batch, states, q, stream);
   }
 
   std::unique_ptr<KVCache> host_cache() const override {
@@ -199,8 +211,9 @@ class GenericTQDeviceFormat final : public DeviceFormat {
   }
 
  private:
-  static TQFormat with_sinks(TQFormat f, int sink_tokens) {
-    f.sink_tokens = sink_tokens;
+  static TQFormat with_levers(TQFormat f, const TurboQuantKVConfig& config) {
+    f.sink_tokens = config.sink_tokens;
+    f.recent_tokens = config.recent_tokens;
     return f;
   }
 
@@ -208,7 +221,7 @@ class GenericTQDeviceFormat final : public DeviceFormat {
   TurboQuantKVConfig config_;
   std::unique_ptr<quant::TurboQuantCodec> key_, value_;
   TQDeviceFormat device_;
-  TQFormat format_;  // device_'s, with the sink tokens
+  TQFormat format_;  // device_'s, with the sink and recent tokens
   BlockGeometry geometry_;
 };
 

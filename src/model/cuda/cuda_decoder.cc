@@ -841,7 +841,7 @@ void CudaDecoderModel::Impl::enqueue_appends(const std::vector<StepSlice>& order
 void CudaDecoderModel::Impl::enqueue_attention(const std::vector<StepSlice>& order,
                                                const std::vector<RunPlan>& runs,
                                                const uint8_t* base, const AttentionOptions& o) {
-  const int64_t q_dim = int64_t(heads) * head_dim;
+  const int64_t q_dim = int64_t(heads) * head_dim, kv_dim = int64_t(kv_heads) * head_dim;
   for (const RunPlan& run : runs) {
     for (const AttentionCall& call : run.calls) {
       PagedBatch batch;
@@ -856,10 +856,17 @@ void CudaDecoderModel::Impl::enqueue_attention(const std::vector<StepSlice>& ord
       qr.out = attn.data() + row * q_dim;
       qr.q_start = at<int>(base, call.q_start);
       qr.max_n_q = call.n_q;
+      // Recent tokens: the queries' own keys and values, the rows the step appended.
+      qr.k_new = k.data() + row * kv_dim;
+      qr.v_new = v.data() + row * kv_dim;
       void* ws = (run.format->zeroed_workspace() ? zeroed_ws : plain_ws)
                      .get(call.workspace_bytes, stream);
-      run.format->attend(batch, at<TQSequenceState>(base, run.states) + call.i, qr,
-                         call_options(o, call), call.n_q, ws, call.workspace_bytes, stream);
+      const TQSequenceState* states = at<TQSequenceState>(base, run.states) + call.i;
+      run.format->attend(batch, states, qr, call_options(o, call), call.n_q, ws,
+                         call.workspace_bytes, stream);
+      // The recent-token rings after the attention that reads them (same stream; no kernel
+      // without recent tokens).
+      run.format->update_recent(batch, states, qr, stream);
     }
   }
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "core/error.h"
@@ -445,6 +446,7 @@ void HybridForward::Impl::attend(const DeviceKVCache& cache, const float* q, int
   rows.max_n_q = n_q;
   rows.q = q;
   rows.out = out;
+  std::tie(rows.k_new, rows.v_new) = cache.recent_input(n_q);  // recent tokens: the step's rows
   // One upload: [table][seq_len][q_start][state], 16-byte aligned sections.
   auto align = [](size_t n) { return (n + 15) / 16 * 16; };
   const size_t off_len = align(table_entries * sizeof(void*)), off_qs = off_len + 16;
