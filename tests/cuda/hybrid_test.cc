@@ -103,18 +103,22 @@ void for_each_layer_prefix(const std::string& dir, const std::string& tmp,
 
 // Admission's promise for one sequence covers what its caches take from the pool: the bytes
 // in use after make_caches and after each forward of a prefill and decode steps never exceed
-// kv_bytes_for at that many tokens (KV blocks, recurrent states, the state blocks of centered
-// or sink-keeping layers). A setting the GPU refuses for the model is reported and skipped.
+// kv_bytes_for at that many tokens (KV blocks, recurrent states, the state blocks of centered,
+// sink-keeping or recent-token layers: their rings of W - 1 rows). A setting the GPU refuses for
+// the model is reported and skipped.
 void expect_admission_covers_pool_use(const CudaDecoderModel& gpu, const std::string& what) {
   KVOptions levers;
   levers.kv_bits = 3.5;
   levers.last_layer_dense = false;
   levers.kv_centering = "both";
   levers.kv_sink_tokens = 128;
+  ResolvedKV recent = resolve_kv_options(levers);
+  recent.recent_tokens = 1024;
   const std::vector<std::pair<std::string, ResolvedKV>> settings = {
       {"dense", ResolvedKV{}},
       {"3.5, every layer", kv_bits(3.5, false)},
-      {"3.5, centered, 128 sink tokens", resolve_kv_options(levers)}};
+      {"3.5, centered, 128 sink tokens", resolve_kv_options(levers)},
+      {"3.5, centered, 128 sink tokens, 1024 recent tokens", recent}};
   const DeviceBlockPool& pool = gpu.cache_context().pool();
   const int V = gpu.info().vocab_size;
   std::vector<int32_t> ids;
