@@ -663,6 +663,8 @@ void DeviceKVCache::attend(const float* q, int n_q, const AttentionParams& param
   batch.max_len = len;
   QueryRows rows;
   rows.max_n_q = n_q;
+  // Before the scratch is filled: putting earlier rows into the ring uses it.
+  std::tie(rows.k_new, rows.v_new) = recent_input(n_q);
   // Scratch: [q][out][table][seq_len][q_start][state][workspace]
   const size_t off_out = align16(count * 4), off_table = off_out + align16(count * 4);
   const size_t off_len = off_table + align16(table_entries * 8), off_qs = off_len + 16;
@@ -675,7 +677,6 @@ void DeviceKVCache::attend(const float* q, int n_q, const AttentionParams& param
   batch.block_table = scratch_copy(context_, table.data(), table.size(), off_table, base);
   batch.seq_len = scratch_copy(context_, &len, 1, off_len, base);
   rows.q_start = scratch_copy(context_, q_start, 2, off_qs, base);
-  std::tie(rows.k_new, rows.v_new) = recent_input(n_q);
   const TQSequenceState st = state_;
   const TQSequenceState* states = scratch_copy(context_, &st, 1, off_state, base);
   uint8_t* ws = static_cast<uint8_t*>(base) + off_ws;
