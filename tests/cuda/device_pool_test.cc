@@ -92,25 +92,5 @@ TEST(DeviceBlockPool, ReservationsStopAtTheBudget) {
   EXPECT_EQ(DeviceBlockPool::bytes_for_blocks(3, kChunk / 3 + 16), 3 * kChunk / 2);
 }
 
-// A TurboQuant setting the device kernels do not write is refused by name, before any GPU
-// work, on the fused and the generic path alike.
-TEST(DeviceFormats, UnbiasedNormIsRefusedNotIgnored) {
-  LayerCachePlan plan;
-  plan.kind = LayerCacheKind::kTurboQuant;
-  plan.kv_heads = 8;
-  plan.head_dim = 128;
-  plan.turboquant.key_bits = 3;
-  plan.turboquant.value_bits = 4;
-  plan.turboquant.unbiased_norm = true;
-  for (const bool fused : {true, false}) {
-    try {
-      make_device_format(plan, DenseElem::kF16, fused);
-      ADD_FAILURE() << "no error (fused " << fused << ")";
-    } catch (const Unsupported& e) {
-      EXPECT_NE(std::string(e.what()).find("--kv-unbiased-norm"), std::string::npos) << e.what();
-    }
-  }
-}
-
 }  // namespace
 }  // namespace turbokv::cuda

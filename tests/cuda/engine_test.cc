@@ -138,8 +138,8 @@ std::vector<std::vector<std::vector<float>>> batch_invariant_run(
       s.done += size_t(chunks[j].n_tokens);
       out[who[j]].push_back(s.logits);
       if (s.done >= seqs[who[j]].prompt.size()) {
-        s.tokens.push_back(int32_t(std::max_element(s.logits.begin(), s.logits.end()) -
-                                   s.logits.begin()));
+        s.tokens.push_back(
+            int32_t(std::max_element(s.logits.begin(), s.logits.end()) - s.logits.begin()));
         ++s.generated;
       }
     }
@@ -217,9 +217,23 @@ std::vector<KVCase> kv_cases() {
     cases.push_back(c);
   };
   for (int d : {64, 80, 96, 128, 256}) {
-    for (auto [kb, vb] : std::vector<std::pair<double, double>>{
-             {1, 1}, {2, 2}, {2, 3}, {3, 3}, {3, 4}, {4, 4}, {4, 2}, {5, 6}, {8, 8},
-             {7, 7}, {2.5, 2.5}, {1.5, 2.5}, {3, 3.5}, {3.5, 3.5}, {3.5, 4}, {4, 3}, {3, 2}}) {
+    for (auto [kb, vb] : std::vector<std::pair<double, double>>{{1, 1},
+                                                                {2, 2},
+                                                                {2, 3},
+                                                                {3, 3},
+                                                                {3, 4},
+                                                                {4, 4},
+                                                                {4, 2},
+                                                                {5, 6},
+                                                                {8, 8},
+                                                                {7, 7},
+                                                                {2.5, 2.5},
+                                                                {1.5, 2.5},
+                                                                {3, 3.5},
+                                                                {3.5, 3.5},
+                                                                {3.5, 4},
+                                                                {4, 3},
+                                                                {3, 2}}) {
       tq(d, kb, vb, true);
     }
   }
@@ -256,6 +270,13 @@ std::vector<KVCase> kv_cases() {
   for (int sinks : {68, 80, 1000}) {
     lever(128, 3, 4, true, true, sinks);
     lever(64, 3.5, 3, true, false, sinks);
+  }
+  // The unbiased norm (n / <y, c>): the fused d128 kernels, the generic ones, a split codec.
+  for (auto [d, kb, vb, centered] : std::vector<std::tuple<int, double, double, bool>>{
+           {128, 3, 4, false}, {128, 4, 3, true}, {64, 2.5, 3.5, true}, {80, 3, 3, false}}) {
+    lever(d, kb, vb, centered, centered, centered ? 1 : 0);
+    cases.back().plan.turboquant.unbiased_norm = true;
+    cases.back().name += " unbiased";
   }
   for (int d : {64, 128, 256}) {
     for (int bits = 2; bits <= 8; ++bits) {
@@ -327,7 +348,7 @@ TEST_F(CudaKV, DeviceCachesHoldTheCpuCachesBytesAndAttendAlike) {
     int failures = 0;
     for (const KVCase& c : kv_cases()) {
       SCOPED_TRACE(c.name);
-      const KVDType cpu_dtype = c.elem == DenseElem::kF32   ? KVDType::kF32
+      const KVDType cpu_dtype = c.elem == DenseElem::kF32    ? KVDType::kF32
                                 : c.elem == DenseElem::kBF16 ? KVDType::kBF16
                                                              : KVDType::kF16;
       LayerCaches cpu;
@@ -372,8 +393,8 @@ TEST_F(CudaKV, DeviceCachesHoldTheCpuCachesBytesAndAttendAlike) {
       if (want != got) {
         size_t i = 0;
         while (i < want.size() && i < got.size() && want[i] == got[i]) ++i;
-        ADD_FAILURE() << c.name << ": saved records differ at byte " << i << " of "
-                      << want.size() << " (device record " << got.size() << " bytes)";
+        ADD_FAILURE() << c.name << ": saved records differ at byte " << i << " of " << want.size()
+                      << " (device record " << got.size() << " bytes)";
         if (++failures > 10) break;
       }
       for (int n_q : {1, 5}) attend_alike(n_q, "at the end");

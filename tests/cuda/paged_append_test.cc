@@ -154,13 +154,14 @@ TEST_F(CudaPagedAppend, TurboQuantIntegerBitsMatchCpuCodec) {
   uint64_t seed = 100;
   for (int d : {64, 80, 96, 128, 256}) {
     for (int bits = 1; bits <= 8; ++bits) {
-      for (bool nc : {true, false}) {
+      for (int mode : {0, 1, 2}) {  // plain, norm correction, unbiased
         FormatSpec s;
         s.kind = FormatKind::kTurboQuant;
         s.head_dim = d;
         s.key_bits = bits;
         s.value_bits = 9 - bits;
-        s.norm_correction = nc;
+        s.norm_correction = mode != 0;
+        s.unbiased_norm = mode == 2;
         s.seed = seed++;
         check_append(s);
       }
@@ -179,6 +180,8 @@ TEST_F(CudaPagedAppend, TurboQuantSplitCodecsWithPerHeadChannelOrders) {
       s.key_bits = low + 0.5;
       s.value_bits = 8 - low + 0.5;
       s.norm_correction = low % 2 == 1;
+      s.unbiased_norm = low % 3 == 0;
+      s.norm_correction = s.norm_correction || s.unbiased_norm;
       s.seed = seed++;
       check_append(s);
     }

@@ -32,6 +32,7 @@ struct FormatSpec {
   double key_bits = 3, value_bits = 4;  // TurboQuant (k + 0.5: split) or uniform (integers)
   int group_size = 64;                  // uniform
   bool norm_correction = true;          // TurboQuant
+  bool unbiased_norm = false;           // TurboQuant: stored n / <y, c>
   bool center = false;                  // TurboQuant: random fp16 means per KV head
   uint64_t seed = 0;
 };
@@ -47,7 +48,8 @@ inline std::string describe(const FormatSpec& s) {
       break;
     case FormatKind::kTurboQuant:
       o << "turboquant K" << s.key_bits << "/V" << s.value_bits
-        << (s.norm_correction ? "" : " no-norm-correction") << (s.center ? " centered" : "");
+        << (s.norm_correction ? "" : " no-norm-correction") << (s.unbiased_norm ? " unbiased" : "")
+        << (s.center ? " centered" : "");
       break;
     case FormatKind::kUniform:
       o << "uniform K" << s.key_bits << "/V" << s.value_bits << " group " << s.group_size;
@@ -87,6 +89,7 @@ class PagedCodec {
         c.seed = spec.seed;
         c.role = role == 0 ? quant::TensorRole::kKey : quant::TensorRole::kValue;
         c.norm_correction = spec.norm_correction;
+        c.unbiased_norm = spec.unbiased_norm;
         const bool split = bits != double(int(bits));
         auto& codecs = codecs_[role];  // [sequences][kv_heads]
         codecs.assign(sequences, std::vector<const quant::TurboQuantCodec*>(spec.kv_heads));

@@ -8,8 +8,8 @@
 #include <utility>
 
 #include "kernels/cuda/device_buffer.h"
-#include "kernels/cuda/tq_layout.h"
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/tq_layout.h"
 #include "kernels/cuda/tq_quantize.h"
 #include "test_util.h"
 
@@ -51,8 +51,8 @@ struct Rows {
   std::vector<int> seq, pos;
 };
 
-void quantize(const TQDeviceCodec& codec, const Rows& rows, int kv_heads,
-              const PagedBlocks& blocks, unsigned* value_norm_max = nullptr) {
+void quantize(const TQDeviceCodec& codec, const Rows& rows, int kv_heads, const PagedBlocks& blocks,
+              unsigned* value_norm_max = nullptr) {
   auto d_k = DeviceBuffer<float>::upload(rows.k);
   auto d_v = DeviceBuffer<float>::upload(rows.v);
   auto d_seq = DeviceBuffer<int>::upload(rows.seq);
@@ -81,8 +81,8 @@ void expect_codes_match(const TQDeviceCodec& codec, const PagedBlocks& blocks, c
     for (int h = 0; h < kv_heads; ++h) {
       const std::vector<uint8_t> tiles =
           tq_head_tiles_from_blocks(seq.data(), blocks.stride(), kv_heads, h, lay.tile_bytes());
-      const TQHostCodes got = tq_codes_from_tiles(tiles.data(), blocks.stride() * 256,
-                                                  lay.key_bits, lay.value_bits);
+      const TQHostCodes got =
+          tq_codes_from_tiles(tiles.data(), blocks.stride() * 256, lay.key_bits, lay.value_bits);
       for (size_t r = 0; r < rows.seq.size(); ++r) {
         if (rows.seq[r] != b) continue;
         const int t = rows.pos[r];
@@ -106,71 +106,73 @@ void expect_codes_match(const TQDeviceCodec& codec, const PagedBlocks& blocks, c
 }
 
 // Every (key bits, value bits) pair of a fused tile format (tq_layout.h).
-constexpr int kBitPairs[][2] = {{3, 4}, {4, 3}, {4, 4}, {3, 3}, {2, 3}, {3, 2}, {2, 2}, {2, 4}, {4, 2}};
+constexpr int kBitPairs[][2] = {{3, 4}, {4, 3}, {4, 4}, {3, 3}, {2, 3},
+                                {3, 2}, {2, 2}, {2, 4}, {4, 2}};
 
 TEST_F(CudaQuantize, PrefillCodesAreBitIdenticalToCpu) {
   for (const auto& [kb, vb] : kBitPairs) {
-  for (bool norm_correction : {true, false}) {
-    SCOPED_TRACE(::testing::Message() << "K" << kb << "/V" << vb << " nc " << norm_correction);
-    const TQDeviceCodec codec(/*seed=*/3, norm_correction, kb, vb);
-    const size_t kRun = head_run(codec);
-    const int batch = 2, kv_heads = 3, stride = 2;
-    // Sequence 0: positions 0..299 (across a block boundary), sequence 1: 245..314.
-    Rows rows;
-    for (int i = 0; i < 300; ++i) rows.seq.push_back(0), rows.pos.push_back(i);
-    for (int i = 245; i < 315; ++i) rows.seq.push_back(1), rows.pos.push_back(i);
-    rows.k = test_vectors(rows.seq.size() * kv_heads, 11);
-    rows.v = test_vectors(rows.seq.size() * kv_heads, 12);
-    PagedBlocks blocks(batch, stride, size_t(kv_heads) * kRun, 5);
-    DeviceBuffer<unsigned> vmax(1);
-    vmax.zero();
-    quantize(codec, rows, kv_heads, blocks, vmax.data());
-    expect_codes_match(codec, blocks, rows, batch, kv_heads);
-    // Tokens before 245 of sequence 1 were never written: their codes stay zero.
-    const std::vector<uint8_t> seq1 = blocks.download_sequence(1);
-    for (int h = 0; h < kv_heads; ++h) {
-      const std::vector<uint8_t> tiles =
-          tq_head_tiles_from_blocks(seq1.data(), stride, kv_heads, h, layout_of(codec).tile_bytes());
-      const TQHostCodes untouched = tq_codes_from_tiles(tiles.data(), 245, kb, vb);
-      for (uint8_t byte : untouched.value_codes) ASSERT_EQ(byte, 0);
+    for (int norm_mode : {0, 1, 2}) {  // plain, norm correction, unbiased
+      const bool norm_correction = norm_mode != 0;
+      SCOPED_TRACE(::testing::Message() << "K" << kb << "/V" << vb << " norm mode " << norm_mode);
+      const TQDeviceCodec codec(/*seed=*/3, norm_correction, kb, vb, norm_mode == 2);
+      const size_t kRun = head_run(codec);
+      const int batch = 2, kv_heads = 3, stride = 2;
+      // Sequence 0: positions 0..299 (across a block boundary), sequence 1: 245..314.
+      Rows rows;
+      for (int i = 0; i < 300; ++i) rows.seq.push_back(0), rows.pos.push_back(i);
+      for (int i = 245; i < 315; ++i) rows.seq.push_back(1), rows.pos.push_back(i);
+      rows.k = test_vectors(rows.seq.size() * kv_heads, 11);
+      rows.v = test_vectors(rows.seq.size() * kv_heads, 12);
+      PagedBlocks blocks(batch, stride, size_t(kv_heads) * kRun, 5);
+      DeviceBuffer<unsigned> vmax(1);
+      vmax.zero();
+      quantize(codec, rows, kv_heads, blocks, vmax.data());
+      expect_codes_match(codec, blocks, rows, batch, kv_heads);
+      // Tokens before 245 of sequence 1 were never written: their codes stay zero.
+      const std::vector<uint8_t> seq1 = blocks.download_sequence(1);
+      for (int h = 0; h < kv_heads; ++h) {
+        const std::vector<uint8_t> tiles = tq_head_tiles_from_blocks(
+            seq1.data(), stride, kv_heads, h, layout_of(codec).tile_bytes());
+        const TQHostCodes untouched = tq_codes_from_tiles(tiles.data(), 245, kb, vb);
+        for (uint8_t byte : untouched.value_codes) ASSERT_EQ(byte, 0);
+      }
+      // The largest stored value norm is tracked (as float bits of the fp16 norm).
+      float expected = 0;
+      for (size_t r = 0; r < rows.seq.size() * kv_heads; ++r) {
+        uint8_t vc[64];
+        uint16_t vn;
+        codec.value_codec().quantize(&rows.v[r * kD], vc, &vn, quant::Isa::kScalar);
+        expected = std::max(expected, std::fabs(f16_to_f32(vn)));
+      }
+      const std::vector<unsigned> got = vmax.download();
+      float got_max;
+      std::memcpy(&got_max, got.data(), 4);
+      EXPECT_EQ(got_max, expected);
     }
-    // The largest stored value norm is tracked (as float bits of the fp16 norm).
-    float expected = 0;
-    for (size_t r = 0; r < rows.seq.size() * kv_heads; ++r) {
-      uint8_t vc[64];
-      uint16_t vn;
-      codec.value_codec().quantize(&rows.v[r * kD], vc, &vn, quant::Isa::kScalar);
-      expected = std::max(expected, std::fabs(f16_to_f32(vn)));
-    }
-    const std::vector<unsigned> got = vmax.download();
-    float got_max;
-    std::memcpy(&got_max, got.data(), 4);
-    EXPECT_EQ(got_max, expected);
-  }
   }
 }
 
 // Decode: one token per step overwrites nibbles that share words with neighbours.
 TEST_F(CudaQuantize, DecodeStepsKeepNeighbourCodes) {
   for (const auto& [kb, vb] : kBitPairs) {
-  SCOPED_TRACE(::testing::Message() << "K" << kb << "/V" << vb);
-  const TQDeviceCodec codec(/*seed=*/0, true, kb, vb);
-  const size_t kRun = head_run(codec);
-  const int batch = 3, kv_heads = 2, steps = 40, stride = 1;
-  PagedBlocks blocks(batch, stride, size_t(kv_heads) * kRun, 9);
-  Rows all;
-  for (int s = 0; s < steps; ++s) {
-    Rows step;
-    for (int b = 0; b < batch; ++b) step.seq.push_back(b), step.pos.push_back(s);
-    step.k = test_vectors(size_t(batch) * kv_heads, 100 + s);
-    step.v = test_vectors(size_t(batch) * kv_heads, 200 + s);
-    quantize(codec, step, kv_heads, blocks);
-    all.seq.insert(all.seq.end(), step.seq.begin(), step.seq.end());
-    all.pos.insert(all.pos.end(), step.pos.begin(), step.pos.end());
-    all.k.insert(all.k.end(), step.k.begin(), step.k.end());
-    all.v.insert(all.v.end(), step.v.begin(), step.v.end());
-  }
-  expect_codes_match(codec, blocks, all, batch, kv_heads);
+    SCOPED_TRACE(::testing::Message() << "K" << kb << "/V" << vb);
+    const TQDeviceCodec codec(/*seed=*/0, true, kb, vb);
+    const size_t kRun = head_run(codec);
+    const int batch = 3, kv_heads = 2, steps = 40, stride = 1;
+    PagedBlocks blocks(batch, stride, size_t(kv_heads) * kRun, 9);
+    Rows all;
+    for (int s = 0; s < steps; ++s) {
+      Rows step;
+      for (int b = 0; b < batch; ++b) step.seq.push_back(b), step.pos.push_back(s);
+      step.k = test_vectors(size_t(batch) * kv_heads, 100 + s);
+      step.v = test_vectors(size_t(batch) * kv_heads, 200 + s);
+      quantize(codec, step, kv_heads, blocks);
+      all.seq.insert(all.seq.end(), step.seq.begin(), step.seq.end());
+      all.pos.insert(all.pos.end(), step.pos.begin(), step.pos.end());
+      all.k.insert(all.k.end(), step.k.begin(), step.k.end());
+      all.v.insert(all.v.end(), step.v.begin(), step.v.end());
+    }
+    expect_codes_match(codec, blocks, all, batch, kv_heads);
   }
 }
 

@@ -30,7 +30,8 @@ void copy_sign_flips(const quant::Rotation& rotation, uint32_t (&bits)[4]) {
 
 }  // namespace
 
-TQDeviceCodec::TQDeviceCodec(uint64_t seed, bool norm_correction, int key_bits, int value_bits) {
+TQDeviceCodec::TQDeviceCodec(uint64_t seed, bool norm_correction, int key_bits, int value_bits,
+                             bool unbiased_norm) {
   if (!TQTileLayout::supported(key_bits, value_bits)) {
     throw Unsupported(str_cat("CUDA TurboQuant: K", key_bits, "/V", value_bits,
                               " has no fused kernel (key and value bits 2..4)"));
@@ -39,6 +40,7 @@ TQDeviceCodec::TQDeviceCodec(uint64_t seed, bool norm_correction, int key_bits, 
   config.dim = TQ35Layout::kHeadDim;
   config.seed = seed;
   config.norm_correction = norm_correction;
+  config.unbiased_norm = unbiased_norm;
   config.bits = key_bits;
   config.role = quant::RotationRole::kKey;
   key_ = std::make_unique<quant::MseCodec>(config);
@@ -50,8 +52,7 @@ TQDeviceCodec::TQDeviceCodec(uint64_t seed, bool norm_correction, int key_bits, 
   kernel_.value_bits = value_bits;
   const size_t key_levels = size_t(1) << key_bits, value_levels = size_t(1) << value_bits;
   copy_exact(key_->codebook().centroids, key_levels, kernel_.key_centroids, "key centroids");
-  copy_exact(key_->codebook().boundaries, key_levels - 1, kernel_.key_boundaries,
-             "key boundaries");
+  copy_exact(key_->codebook().boundaries, key_levels - 1, kernel_.key_boundaries, "key boundaries");
   copy_exact(value_->codebook().centroids, value_levels, kernel_.value_centroids,
              "value centroids");
   copy_exact(value_->codebook().boundaries, value_levels - 1, kernel_.value_boundaries,
@@ -59,7 +60,7 @@ TQDeviceCodec::TQDeviceCodec(uint64_t seed, bool norm_correction, int key_bits, 
   kernel_.hadamard_scale = key_->rotation().hadamard_scale();
   copy_sign_flips(key_->rotation(), kernel_.key_sign_flips);
   copy_sign_flips(value_->rotation(), kernel_.value_sign_flips);
-  kernel_.norm_correction = norm_correction ? 1 : 0;
+  kernel_.norm_correction = unbiased_norm ? 2 : norm_correction ? 1 : 0;
 }
 
 }  // namespace turbokv::cuda

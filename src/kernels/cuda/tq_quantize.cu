@@ -25,6 +25,13 @@ __device__ float sum_squares(const float (&v)[4], float* scratch, int lane) {
   return ordered_sum(scratch, L::kHeadDim, lane);
 }
 
+// Σ a_i b_i over the 128 dims (dim 4 lane + j in a[j], b[j]), in the same order.
+__device__ float sum_products(const float (&a)[4], const float (&b)[4], float* scratch, int lane) {
+  for (int j = 0; j < 4; ++j) scratch[4 * lane + j] = __fmul_rn(a[j], b[j]);
+  __syncwarp();
+  return ordered_sum(scratch, L::kHeadDim, lane);
+}
+
 // What a vector's quantization needs that depends only on host data (rows, block tables,
 // sequence states: uploaded before a step) and on the codec argument, so kernels launched with
 // PDL look it up before waiting for the previous kernel:
@@ -105,17 +112,21 @@ __device__ void quantize_vector(const TQKernelCodec& codec, const TQQuantizeProb
   const int levels = 1 << bits_per_code;
   const float* boundaries = role == 0 ? codec.key_boundaries : codec.value_boundaries;
   uint32_t code[4];
-  float chat[4];
+  float chat[4], ys[4];
   for (int j = 0; j < 4; ++j) {
     const float y = __fmul_rn(z[j], codec.hadamard_scale);
+    ys[j] = y;
     uint32_t idx = 0;
     for (int k = 0; k < levels - 1; ++k) idx += boundaries[k] < y ? 1u : 0u;
     code[j] = idx;
     chat[j] = __shfl_sync(0xffffffffu, setup.centroid, int(idx));  // centroids[idx]
   }
-  // 5. norm correction
+  // 5. unbiased norm (n / <y, c[idx]>) or norm correction (n / |c[idx]|)
   float stored = n;
-  if (codec.norm_correction) {
+  if (codec.norm_correction == 2) {
+    const float p = sum_products(ys, chat, scratch, lane);
+    if (p > 0) stored = __fdiv_rn(n, p);
+  } else if (codec.norm_correction) {
     const float cn = __fsqrt_rn(sum_squares(chat, scratch, lane));
     if (cn > 0) stored = __fdiv_rn(n, cn);
   }

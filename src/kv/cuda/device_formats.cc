@@ -21,16 +21,21 @@ namespace turbokv::cuda {
 
 KVDType kv_dtype_of(DenseElem elem) {
   switch (elem) {
-    case DenseElem::kF32: return KVDType::kF32;
-    case DenseElem::kF16: return KVDType::kF16;
-    case DenseElem::kBF16: return KVDType::kBF16;
+    case DenseElem::kF32:
+      return KVDType::kF32;
+    case DenseElem::kF16:
+      return KVDType::kF16;
+    case DenseElem::kBF16:
+      return KVDType::kBF16;
   }
   return KVDType::kF16;
 }
 
 namespace {
 
-int64_t blocks_for(int64_t tokens) { return (tokens + kBlockTokens - 1) / kBlockTokens; }
+int64_t blocks_for(int64_t tokens) {
+  return (tokens + kBlockTokens - 1) / kBlockTokens;
+}
 
 // The fused kernels' problem for a batch whose sequences all have n_q queries.
 AttentionProblem fused_problem(const PagedBatch& batch, const QueryRows& q,
@@ -137,18 +142,30 @@ class DenseDeviceFormat final : public DeviceFormat {
   void widen(const uint8_t* src, int n, float* dst) const {
     for (int i = 0; i < n; ++i) {
       switch (f_.elem) {
-        case DenseElem::kF32: std::memcpy(&dst[i], src + 4 * i, 4); break;
-        case DenseElem::kF16: dst[i] = f16_to_f32(load_u16(src + 2 * i)); break;
-        case DenseElem::kBF16: dst[i] = bf16_to_f32(load_u16(src + 2 * i)); break;
+        case DenseElem::kF32:
+          std::memcpy(&dst[i], src + 4 * i, 4);
+          break;
+        case DenseElem::kF16:
+          dst[i] = f16_to_f32(load_u16(src + 2 * i));
+          break;
+        case DenseElem::kBF16:
+          dst[i] = bf16_to_f32(load_u16(src + 2 * i));
+          break;
       }
     }
   }
   void narrow(const float* src, int n, uint8_t* dst) const {
     for (int i = 0; i < n; ++i) {
       switch (f_.elem) {
-        case DenseElem::kF32: std::memcpy(dst + 4 * i, &src[i], 4); break;
-        case DenseElem::kF16: store_u16(dst + 2 * i, f32_to_f16(src[i])); break;
-        case DenseElem::kBF16: store_u16(dst + 2 * i, f32_to_bf16(src[i])); break;
+        case DenseElem::kF32:
+          std::memcpy(dst + 4 * i, &src[i], 4);
+          break;
+        case DenseElem::kF16:
+          store_u16(dst + 2 * i, f32_to_f16(src[i]));
+          break;
+        case DenseElem::kBF16:
+          store_u16(dst + 2 * i, f32_to_bf16(src[i]));
+          break;
       }
     }
   }
@@ -214,9 +231,11 @@ class FusedDenseDeviceFormat final : public DeviceFormat {
 class TQFusedDeviceFormat final : public DeviceFormat {
  public:
   TQFusedDeviceFormat(int kv_heads, const TurboQuantKVConfig& config)
-      : kv_heads_(kv_heads), config_(config),
+      : kv_heads_(kv_heads),
+        config_(config),
         layout_{int(config.key_bits), int(config.value_bits)},
-        codec_(config.seed, config.norm_correction, layout_.key_bits, layout_.value_bits),
+        codec_(config.seed, config.norm_correction, layout_.key_bits, layout_.value_bits,
+               config.unbiased_norm),
         value_norm_max_(1) {
     value_norm_max_.zero();
   }
@@ -299,8 +318,8 @@ class TQFusedDeviceFormat final : public DeviceFormat {
     view.block_table = batch.block_table;
     view.table_stride = batch.table_stride;
     view.value_norm_max = value_norm_max_.data();
-    tq_attention(codec_.kernel_codec(), view, fused_problem(batch, q, o, kv_heads_, n_q),
-                 workspace, workspace_bytes, stream);
+    tq_attention(codec_.kernel_codec(), view, fused_problem(batch, q, o, kv_heads_, n_q), workspace,
+                 workspace_bytes, stream);
     if (config_.center_values) {
       add_value_means(states, batch.batch, n_q, o.n_heads, kv_heads_, 128, q.out, stream);
     }
@@ -375,7 +394,7 @@ std::string plan_key(const LayerCachePlan& p, DenseElem elem) {
     case LayerCacheKind::kTurboQuant:
       return str_cat("turboquant ", p.kv_heads, " ", p.head_dim, " ", p.turboquant.key_bits, " ",
                      p.turboquant.value_bits, " ", p.turboquant.seed, " ",
-                     p.turboquant.norm_correction, " ", p.turboquant.center_keys, " ",
+                     int(norm_mode_byte(p.turboquant)), " ", p.turboquant.center_keys, " ",
                      p.turboquant.center_values, " ", p.turboquant.sink_tokens, " ",
                      p.turboquant.recent_tokens);
     case LayerCacheKind::kUniform:
@@ -392,8 +411,7 @@ bool has_fused_turboquant(const LayerCachePlan& p) {
   if (p.kind != LayerCacheKind::kTurboQuant || p.head_dim != 128) return false;
   if (p.turboquant.sink_tokens > 0 || p.turboquant.recent_tokens > 0) return false;
   const double kb = p.turboquant.key_bits, vb = p.turboquant.value_bits;
-  return kb == double(int(kb)) && vb == double(int(vb)) &&
-         tq_attention_supported(int(kb), int(vb));
+  return kb == double(int(kb)) && vb == double(int(vb)) && tq_attention_supported(int(kb), int(vb));
 }
 
 }  // namespace
@@ -413,12 +431,6 @@ std::shared_ptr<const DeviceFormat> make_device_format(const LayerCachePlan& p, 
     case LayerCacheKind::kRotating:
       return std::make_shared<DenseDeviceFormat>(elem, p.kv_heads, p.head_dim);
     case LayerCacheKind::kTurboQuant:
-      // The device quantize kernels store the norm-corrected norm; writing another norm would
-      // give records the CPU cache does not, so the setting is refused instead of ignored.
-      if (p.turboquant.unbiased_norm) {
-        throw Unsupported(
-            "--kv-unbiased-norm is not implemented by the GPU caches; use --device cpu");
-      }
       if (fused && has_fused_turboquant(p)) {
         return std::make_shared<TQFusedDeviceFormat>(p.kv_heads, p.turboquant);
       }

@@ -133,7 +133,7 @@ __device__ void quantize_segment(const TQSegment& seg, const int* order, int hea
   }
   __syncwarp();
   // 4. code = #{k : B[k] < y} (binary search as codebook.h's nearest_centroid; NaN -> 0), and
-  // the centroids' squares for step 5
+  // the centroids' squares (unbiased norm: y * centroid) for step 5
   for (int i = lane; i < n; i += 32) {
     const float y = w.y[i];
     int lo = 0, hi = (1 << seg.bits) - 1;
@@ -147,12 +147,15 @@ __device__ void quantize_segment(const TQSegment& seg, const int* order, int hea
     }
     w.code[i] = uint8_t(lo);
     const float c = seg.centroids[lo];
-    w.a[i] = __fmul_rn(c, c);
+    w.a[i] = seg.norm_correction == 2 ? __fmul_rn(y, c) : __fmul_rn(c, c);
   }
   __syncwarp();
-  // 5. norm correction: stored = n / |c[idx]| (same sum order)
+  // 5. unbiased norm: stored = n / <y, c[idx]>; norm correction: n / |c[idx]| (same sum order)
   float stored = length;
-  if (seg.norm_correction) {
+  if (seg.norm_correction == 2) {
+    const float p = ordered_sum(w.a, n, lane);
+    if (p > 0) stored = __fdiv_rn(length, p);
+  } else if (seg.norm_correction) {
     const float cn = __fsqrt_rn(ordered_sum(w.a, n, lane));
     if (cn > 0) stored = __fdiv_rn(length, cn);
   }

@@ -75,7 +75,8 @@ void build_segment(const quant::MseCodec& c, int channel_offset, int code_offset
   g.code_offset = code_offset;
   g.norm_index = index;
   g.channel_offset = channel_offset;
-  g.norm_correction = c.norm_correction() ? 1 : 0;
+  // 2: the unbiased norm n / <y, c[idx]> (quant/codec_mse.h step 5), 1: n / |c[idx]|, 0: n.
+  g.norm_correction = c.unbiased_norm() ? 2 : c.norm_correction() ? 1 : 0;
   patches.point(g.centroids, arena.put(c.codebook().centroids));
   patches.point(g.boundaries, arena.put(c.codebook().boundaries));
 }
