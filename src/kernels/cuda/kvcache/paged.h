@@ -67,10 +67,10 @@ struct DenseFormat {
 // Operation order of the quantize kernel: quant/codec_mse.h and quant/rotation.h, bit for bit.
 struct TQSegment {
   int dim = 0;
-  int bits = 0;         // 1..8
-  int code_offset = 0;  // byte offset of the segment's codes inside the vector's codes
-  int norm_index = 0;   // which of the vector's fp16 norms is this segment's
-  int norm_correction = 1;
+  int bits = 0;              // 1..8
+  int code_offset = 0;       // byte offset of the segment's codes inside the vector's codes
+  int norm_index = 0;        // which of the vector's fp16 norms is this segment's
+  int norm_correction = 1;   // stored norm: 1 n / ||c||, 2 n / <y, c> (unbiased), 0 n
   int hadamard = 0;          // 1: randomized Hadamard (dim a power of two), else a dense matrix
   float hadamard_scale = 0;  // float(1 / sqrt(dim))
   const uint32_t* sign_words = nullptr;  // [ceil(dim / 32)] bit i: channel i flips (Hadamard)
