@@ -87,6 +87,7 @@ void DenseRows::drop_newest(int64_t n) {
 }
 
 void DenseRows::drop_oldest(int64_t n) {
+  if (n <= 0) return;  // nothing moves (and an empty buffer has no data to move)
   const size_t head_bytes = row_bytes() * capacity_;
   for (auto* buffer : {&keys_, &values_}) {
     for (int h = 0; h < kv_heads_; ++h) {
