@@ -197,7 +197,7 @@ void TurboQuantKVCache::append(const float* k, const float* v, int n_tokens) {
   v += to_sinks * row;
   if (config_.recent_tokens > 0) {
     // The W - 1 positions before the chunk stay: its first queries read them.
-    recent_.drop_oldest(recent_.rows() - std::min<int64_t>(recent_.rows(), held_recent_rows()));
+    recent_.drop_oldest(recent_.rows() - held_recent_rows());
     recent_.append(k, v, coded);
   }
   if (!keys_.ready || !values_.ready) calibrated_on_ = sinks_.rows() + coded;
