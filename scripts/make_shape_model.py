@@ -4,6 +4,9 @@ GPU benchmarks (turbokv and the PyTorch baseline in bench/cuda/e2e_bench.py read
 
   attn4      4 layers, hidden 4096, 32 query / 8 KV heads, head_dim 128, FFN 1024, vocab 8192
   llama3-8b  32 layers, hidden 4096, 32 / 8 heads, head_dim 128, FFN 14336, vocab 128256
+  tinycode   6 layers, hidden 512, 4 / 2 heads, head_dim 128, FFN 1408, vocab 8192 (the shipped
+             model's shape with random weights: GPU-vs-CPU tests where the real weights are
+             not at hand)
 
 usage: scripts/make_shape_model.py NAME OUT_DIR [--seed S] [--max-position N] [--weights mlx4]
 
@@ -29,6 +32,8 @@ SHAPES = {
     "llama3-8b": dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32,
                       num_key_value_heads=8, head_dim=128, intermediate_size=14336,
                       vocab_size=128256),
+    "tinycode": dict(num_hidden_layers=6, hidden_size=512, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=128, intermediate_size=1408, vocab_size=8192),
 }
 
 SHARD_BYTES = 4 << 30
