@@ -5,8 +5,8 @@ GPU benchmarks (turbokv and the PyTorch baseline in bench/cuda/e2e_bench.py read
   attn4      4 layers, hidden 4096, 32 query / 8 KV heads, head_dim 128, FFN 1024, vocab 8192
   llama3-8b  32 layers, hidden 4096, 32 / 8 heads, head_dim 128, FFN 14336, vocab 128256
   tinycode   6 layers, hidden 512, 4 / 2 heads, head_dim 128, FFN 1408, vocab 8192 (the shipped
-             model's shape with random weights: GPU-vs-CPU tests where the real weights are
-             not at hand)
+             model's sizes with random weights and this script's RoPE base and untied
+             LM head: GPU-vs-CPU tests where the real weights are not at hand)
 
 usage: scripts/make_shape_model.py NAME OUT_DIR [--seed S] [--max-position N] [--weights mlx4]
 
