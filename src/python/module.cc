@@ -147,6 +147,12 @@ std::optional<double> bits_arg(const py::object& value, const char* name) {
   return float_arg(value, name);
 }
 
+// The KV keywords that act on a quantized cache only.
+const char* const kKVLevers[] = {"kv_norm_correction", "kv_unbiased_norm", "kv_quantize_last_layer",
+                                 "kv_centering",       "kv_sink_tokens",   "kv_recent_tokens",
+                                 "kv_allocation",      "kv_budget",        "kv_layer_bits",
+                                 "kv_hadamard"};
+
 // Applies the KV keyword arguments that were given (not None) on top of base.
 KVOptions kv_options(KVOptions kv, const py::kwargs& kw) {
   auto get = [&](const char* name) -> py::object {
@@ -165,13 +171,52 @@ KVOptions kv_options(KVOptions kv, const py::kwargs& kw) {
     kv.quantized_kv_start = int_arg(s, "quantized_kv_start", 0, INT64_MAX);
   }
   if (auto s = get("kv_seed"); !s.is_none()) kv.seed = seed_arg(s, "kv_seed");
-
-  return kv;  // the engine resolves (and validates) it once per load or request
+  // The TurboQuant levers (the CLI's --kv-* flags under the HTTP fields' names).
+  if (auto b = get("kv_norm_correction"); !b.is_none()) {
+    kv.norm_correction = bool_arg(b, "kv_norm_correction");
+  }
+  if (auto b = get("kv_unbiased_norm"); !b.is_none()) {
+    kv.kv_unbiased_norm = bool_arg(b, "kv_unbiased_norm");
+  }
+  if (auto b = get("kv_quantize_last_layer"); !b.is_none()) {
+    kv.last_layer_dense = !bool_arg(b, "kv_quantize_last_layer");
+  }
+  if (auto s = get("kv_centering"); !s.is_none()) kv.kv_centering = str_arg(s, "kv_centering");
+  if (auto n = get("kv_sink_tokens"); !n.is_none()) {
+    kv.kv_sink_tokens = static_cast<int>(int_arg(n, "kv_sink_tokens", 0, 65536));
+  }
+  if (auto n = get("kv_recent_tokens"); !n.is_none()) {
+    kv.kv_recent_tokens = static_cast<int>(int_arg(n, "kv_recent_tokens", 0, 1024));
+  }
+  if (auto s = get("kv_allocation"); !s.is_none()) {
+    kv.kv_allocation = str_arg(s, "kv_allocation");
+  }
+  if (auto b = get("kv_budget"); !b.is_none()) kv.kv_budget = float_arg(b, "kv_budget");
+  if (auto s = get("kv_layer_bits"); !s.is_none()) {
+    kv.kv_layer_bits = str_arg(s, "kv_layer_bits");
+  }
+  if (auto b = get("kv_hadamard"); !b.is_none()) kv.kv_hadamard = bool_arg(b, "kv_hadamard");
+  // A lever given for a dense cache would do nothing: refused, not ignored.
+  if (resolve_kv_options(kv).scheme == KVScheme::kDense) {
+    for (const char* name : kKVLevers) {
+      if (!get(name).is_none()) {
+        throw py::value_error(str_cat(
+            name, " applies to a quantized KV cache; the cache here is dense (set kv_bits)"));
+      }
+    }
+  }
+  return kv;  // the engine resolves it again once per load or request
 }
 
-const char* const kKVArgs[] = {"kv_bits",         "kv_key_bits",   "kv_value_bits",
-                               "kv_quant_scheme", "kv_group_size", "quantized_kv_start",
-                               "kv_seed"};
+const char* const kKVArgs[] = {"kv_bits",          "kv_key_bits",
+                               "kv_value_bits",    "kv_quant_scheme",
+                               "kv_group_size",    "quantized_kv_start",
+                               "kv_seed",          "kv_norm_correction",
+                               "kv_unbiased_norm", "kv_quantize_last_layer",
+                               "kv_centering",     "kv_sink_tokens",
+                               "kv_recent_tokens", "kv_allocation",
+                               "kv_budget",        "kv_layer_bits",
+                               "kv_hadamard"};
 const char* const kGenerateArgs[] = {
     "max_tokens",       "temperature",       "top_p", "top_k", "min_p",      "repetition_penalty",
     "presence_penalty", "frequency_penalty", "seed",  "stop",  "ignore_eos", "prompt_cache"};
@@ -372,8 +417,7 @@ PYBIND11_MODULE(turbokv, m) {
                              [](const PyModel& s) { return s.engine->summary().num_layers; })
       .def_property_readonly("context_length",
                              [](const PyModel& s) { return s.engine->summary().context_length; })
-      .def_property_readonly("device",
-                             [](const PyModel& s) { return s.engine->summary().device; })
+      .def_property_readonly("device", [](const PyModel& s) { return s.engine->summary().device; })
       .def_property_readonly("kv_scheme", [](const PyModel& s) {
         return kv_scheme_name(s.engine->default_kv().scheme);
       });

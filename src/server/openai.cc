@@ -106,6 +106,19 @@ std::optional<double> get_bits(const json& body, const char* key) {
   throw invalid(key, str_cat("'", key, "' must be a number, got ", json_excerpt(*v)));
 }
 
+// The KV fields a request may carry (KVOptions; the CLI's KV flags under their names).
+constexpr const char* kKVFields[] = {
+    "kv_bits",          "kv_quant_scheme",        "kv_key_bits",  "kv_value_bits",
+    "kv_group_size",    "quantized_kv_start",     "kv_seed",      "kv_norm_correction",
+    "kv_unbiased_norm", "kv_quantize_last_layer", "kv_centering", "kv_sink_tokens",
+    "kv_recent_tokens", "kv_allocation",          "kv_budget",    "kv_layer_bits",
+    "kv_hadamard"};
+// Those that act on a quantized cache only: given with a dense one they are a 400.
+constexpr const char* kKVLevers[] = {
+    "kv_norm_correction", "kv_unbiased_norm", "kv_quantize_last_layer", "kv_centering",
+    "kv_sink_tokens",     "kv_recent_tokens", "kv_allocation",          "kv_budget",
+    "kv_layer_bits",      "kv_hadamard"};
+
 KVOptions parse_kv(const json& body, const KVOptions& server_kv) {
   KVOptions kv = server_kv;
   try {
@@ -117,10 +130,33 @@ KVOptions parse_kv(const json& body, const KVOptions& server_kv) {
       kv.kv_group_size = static_cast<int>(*g);
     }
     if (auto s = get_int(body, "quantized_kv_start", 0, INT64_MAX)) kv.quantized_kv_start = *s;
+    if (auto s = get_seed(body, "kv_seed")) kv.seed = *s;
+    if (auto b = get_bool(body, "kv_norm_correction")) kv.norm_correction = *b;
+    if (auto b = get_bool(body, "kv_unbiased_norm")) kv.kv_unbiased_norm = *b;
+    if (auto b = get_bool(body, "kv_quantize_last_layer")) kv.last_layer_dense = !*b;
+    if (auto s = get_string(body, "kv_centering")) kv.kv_centering = *s;
+    if (auto n = get_int(body, "kv_sink_tokens", 0, 65536)) kv.kv_sink_tokens = int(*n);
+    if (auto n = get_int(body, "kv_recent_tokens", 0, 1024)) kv.kv_recent_tokens = int(*n);
+    if (auto s = get_string(body, "kv_allocation")) kv.kv_allocation = *s;
+    if (auto b = get_number(body, "kv_budget")) kv.kv_budget = *b;
+    if (auto s = get_string(body, "kv_layer_bits")) kv.kv_layer_bits = *s;
+    if (auto b = get_bool(body, "kv_hadamard")) kv.kv_hadamard = *b;
+    // Validated here so that a bad combination is this request's 400, and a lever asked for
+    // with a dense cache is refused rather than ignored.
+    if (resolve_kv_options(kv).scheme == KVScheme::kDense) {
+      for (const char* key : kKVLevers) {
+        if (field(body, key)) {
+          throw InvalidArgument(
+              str_cat("'", key, "' applies to a quantized KV cache; this request's is dense (",
+                      "set kv_bits)"),
+              key);
+        }
+      }
+    }
   } catch (const InvalidArgument& e) {
     throw invalid(e.param().empty() ? "kv_bits" : e.param(), e.what());
   }
-  return kv;  // resolved (and validated) once, when the request is submitted
+  return kv;  // resolved again when the request is submitted
 }
 
 // The token-id -> bias map of logit_bias: {"50256": -100, ...}.
@@ -217,8 +253,7 @@ void parse_common(const json& body, const RequestLimits& limits, const KVOptions
     r->include_usage = get_bool(*so, "include_usage").value_or(false);
   }
   o.kv = parse_kv(body, server_kv);
-  for (const char* key : {"kv_bits", "kv_quant_scheme", "kv_key_bits", "kv_value_bits",
-                          "kv_group_size", "quantized_kv_start"}) {
+  for (const char* key : kKVFields) {
     r->kv_given = r->kv_given || body.contains(key);
   }
   if (auto slot = get_int(body, "id_slot", -1, INT32_MAX); slot && *slot >= 0) r->slot = slot;
@@ -243,12 +278,6 @@ void reject_unknown_fields(const json& body, bool chat) {
                                         "stream",
                                         "stream_options",
                                         "user",
-                                        "kv_bits",
-                                        "kv_quant_scheme",
-                                        "kv_key_bits",
-                                        "kv_value_bits",
-                                        "kv_group_size",
-                                        "quantized_kv_start",
                                         "id_slot"};
   static const char* const kChat[] = {"messages",     "max_completion_tokens", "logprobs",
                                       "top_logprobs", "response_format",       "tools",
@@ -259,7 +288,7 @@ void reject_unknown_fields(const json& body, bool chat) {
       return std::any_of(std::begin(names), std::end(names),
                          [&key](const char* n) { return key == n; });
     };
-    if (!in(kCommon) && !(chat ? in(kChat) : in(kCompletion))) {
+    if (!in(kCommon) && !in(kKVFields) && !(chat ? in(kChat) : in(kCompletion))) {
       const std::string name = key.size() > 64 ? key.substr(0, 64) + "..." : key;
       throw ApiError(400,
                      str_cat("'", name, "' is not supported by this server's ",

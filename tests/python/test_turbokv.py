@@ -102,6 +102,43 @@ def test_kv_bytes_at_3_5_bits_are_exact(loaded):
     assert last.kv_bytes_dense == tokens * KV_HEADS * LAYERS * 512
 
 
+def test_turboquant_levers_reach_the_cache(loaded):
+    model, processor = loaded
+    args = dict(max_tokens=16, kv_bits=3.5, ignore_eos=True)
+    _, plain = last_chunk(model, processor, "def fibonacci(n):", **args)
+    _, every = last_chunk(model, processor, "def fibonacci(n):", kv_quantize_last_layer=True,
+                          **args)
+    tokens = every.prompt_tokens + every.generation_tokens - 1
+    assert every.kv_bytes == tokens * KV_HEADS * LAYERS * 116
+    _, sinks = last_chunk(model, processor, "def fibonacci(n):", kv_sink_tokens=4,
+                          kv_centering="both", kv_recent_tokens=3, kv_unbiased_norm=True, **args)
+    assert sinks.kv_bytes > plain.kv_bytes
+    _, layers = last_chunk(model, processor, "def fibonacci(n):", kv_layer_bits="-1:3/4", **args)
+    assert layers.kv_bytes == every.kv_bytes
+
+
+@pytest.mark.parametrize("kw, error, named", [
+    (dict(kv_centering="keys"), ValueError, "kv_centering"),  # dense cache
+    (dict(kv_bits=3.5, kv_centering="sideways"), ValueError, "kv_centering"),
+    (dict(kv_bits=3.5, kv_centering=1), TypeError, "kv_centering"),
+    (dict(kv_bits=3.5, kv_sink_tokens=-1), ValueError, "kv_sink_tokens"),
+    (dict(kv_bits=3.5, kv_recent_tokens=2000), ValueError, "kv_recent_tokens"),
+    (dict(kv_bits=3.5, kv_recent_tokens="3"), TypeError, "kv_recent_tokens"),
+    (dict(kv_bits=3.5, kv_allocation="auto"), ValueError, "kv_allocation"),
+    (dict(kv_bits=3.5, kv_budget=3.5), ValueError, "kv_budget"),
+    (dict(kv_bits=3.5, kv_layer_bits="x"), ValueError, "kv_layer_bits"),
+    (dict(kv_bits=3.5, kv_hadamard=True), ValueError, "kv_hadamard"),
+    (dict(kv_bits=4, kv_sink_tokens=4), ValueError, "kv_sink_tokens"),
+    (dict(kv_bits=3.5, kv_unbiased_norm=1), TypeError, "kv_unbiased_norm"),
+    (dict(kv_bits=3.5, kv_unbiased_norm=True, kv_norm_correction=False), ValueError,
+     "kv_unbiased_norm"),
+])
+def test_bad_kv_levers_name_the_argument(loaded, kw, error, named):
+    model, processor = loaded
+    with pytest.raises(error, match=named):
+        turbokv.generate(model, processor, "x", max_tokens=2, **kw)
+
+
 def test_dense_kv_bytes_equal_the_dense_equivalent(loaded):
     model, processor = loaded
     _, last = last_chunk(model, processor, "x = 1", max_tokens=8, ignore_eos=True)

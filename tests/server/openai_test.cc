@@ -28,19 +28,6 @@ std::string bad_param(const json& body, const KVOptions& kv = {}) {
   return "";
 }
 
-// KV fields are checked when the request is submitted (the engine resolves them once); the
-// error names the field.
-std::string bad_kv_param(const json& body) {
-  try {
-    resolve_kv_options(*parse_chat_request(body, {}, {}).options.kv);
-  } catch (const ApiError& e) {
-    return e.param.value_or("<none>");
-  } catch (const InvalidArgument& e) {
-    return e.param();
-  }
-  return "";
-}
-
 TEST(OpenAIRequest, ParsesChatFields) {
   const auto r = parse_chat_request(
       chat({{"max_tokens", 7},
@@ -90,6 +77,64 @@ TEST(OpenAIRequest, KVFieldsOverrideTheServerDefault) {
   EXPECT_EQ(resolve_kv_options(*tq).scheme, KVScheme::kTurboQuant);
 }
 
+TEST(OpenAIRequest, KVLeversReachTheOptions) {
+  auto kv = *parse_chat_request(chat({{"kv_bits", 3.5},
+                                      {"kv_seed", 7},
+                                      {"kv_unbiased_norm", true},
+                                      {"kv_quantize_last_layer", true},
+                                      {"kv_centering", "keys"},
+                                      {"kv_sink_tokens", 4},
+                                      {"kv_recent_tokens", 3},
+                                      {"kv_allocation", "none"},
+                                      {"kv_layer_bits", "0:4/4"}}),
+                                {}, {})
+                 .options.kv;
+  const ResolvedKV r = resolve_kv_options(kv);
+  EXPECT_EQ(r.seed, 7u);
+  EXPECT_TRUE(r.unbiased_norm);
+  EXPECT_FALSE(r.last_layer_dense);
+  EXPECT_TRUE(r.center_keys);
+  EXPECT_FALSE(r.center_values);
+  EXPECT_EQ(r.sink_tokens, 4);
+  EXPECT_EQ(r.recent_tokens, 3);
+  EXPECT_EQ(r.allocation, KVAllocation::kNone);
+  ASSERT_EQ(r.layer_bits.size(), 1u);
+  EXPECT_EQ(r.layer_bits[0].key_bits, 4);
+  auto uniform =
+      *parse_chat_request(
+           chat({{"kv_bits", 4}, {"kv_hadamard", true}, {"kv_norm_correction", false}}), {}, {})
+           .options.kv;
+  EXPECT_TRUE(resolve_kv_options(uniform).hadamard);
+  EXPECT_FALSE(uniform.norm_correction);
+  // A server default lever stays when a request only changes the bits.
+  KVOptions server_kv;
+  server_kv.kv_bits = 3.5;
+  server_kv.kv_centering = "both";
+  auto inherited = *parse_chat_request(chat({{"kv_bits", 2.5}}), {}, server_kv).options.kv;
+  EXPECT_TRUE(resolve_kv_options(inherited).center_values);
+  // ... and a dense request of that server does not trip over it.
+  EXPECT_EQ(bad_param(chat({{"kv_bits", nullptr}}), server_kv), "");
+}
+
+TEST(OpenAIRequest, BadKVLeversAreNamed400s) {
+  EXPECT_EQ(bad_param(chat({{"kv_centering", "keys"}})), "kv_centering");  // dense cache
+  EXPECT_EQ(bad_param(chat({{"kv_bits", 3.5}, {"kv_centering", "sideways"}})), "kv_centering");
+  EXPECT_EQ(bad_param(chat({{"kv_bits", 3.5}, {"kv_centering", 1}})), "kv_centering");
+  EXPECT_EQ(bad_param(chat({{"kv_bits", 3.5}, {"kv_sink_tokens", -1}})), "kv_sink_tokens");
+  EXPECT_EQ(bad_param(chat({{"kv_bits", 3.5}, {"kv_recent_tokens", 1025}})), "kv_recent_tokens");
+  EXPECT_EQ(bad_param(chat({{"kv_bits", 3.5}, {"kv_allocation", "most"}})), "kv_allocation");
+  EXPECT_EQ(bad_param(chat({{"kv_bits", 3.5}, {"kv_budget", 3.5}})), "kv_budget");
+  EXPECT_EQ(bad_param(chat({{"kv_bits", 3.5}, {"kv_layer_bits", "x"}})), "kv_layer_bits");
+  EXPECT_EQ(bad_param(chat({{"kv_bits", 3.5}, {"kv_hadamard", true}})), "kv_hadamard");
+  EXPECT_EQ(bad_param(chat({{"kv_bits", 4}, {"kv_sink_tokens", 4}})), "kv_sink_tokens");
+  EXPECT_EQ(bad_param(chat({{"kv_bits", 3.5}, {"kv_unbiased_norm", "yes"}})), "kv_unbiased_norm");
+  EXPECT_EQ(bad_param(chat(
+                {{"kv_bits", 3.5}, {"kv_unbiased_norm", true}, {"kv_norm_correction", false}})),
+            "kv_unbiased_norm");
+  EXPECT_EQ(bad_param(chat({{"kv_seed", -1.5}})), "kv_seed");
+  EXPECT_EQ(bad_param(chat({{"kv_quantize_last_layer", true}})), "kv_quantize_last_layer");
+}
+
 TEST(OpenAIRequest, MalformedFieldsName400Params) {
   EXPECT_EQ(bad_param(chat({{"max_tokens", "ten"}})), "max_tokens");
   EXPECT_EQ(bad_param(chat({{"max_tokens", 0}})), "max_tokens");
@@ -107,13 +152,13 @@ TEST(OpenAIRequest, MalformedFieldsName400Params) {
   EXPECT_EQ(bad_param(chat({{"messages", {{{"content", "x"}}}}})), "messages[0]");
   EXPECT_EQ(bad_param(chat({{"messages", {{{"role", "user"}, {"content", 5}}}}})),
             "messages[0].content");
-  EXPECT_EQ(bad_kv_param(chat({{"kv_bits", 9}})), "kv_bits");
-  EXPECT_EQ(bad_kv_param(chat({{"kv_bits", 0.3}})), "kv_bits");
-  EXPECT_EQ(bad_kv_param(chat({{"kv_bits", 2.25}})), "kv_bits");
+  EXPECT_EQ(bad_param(chat({{"kv_bits", 9}})), "kv_bits");
+  EXPECT_EQ(bad_param(chat({{"kv_bits", 0.3}})), "kv_bits");
+  EXPECT_EQ(bad_param(chat({{"kv_bits", 2.25}})), "kv_bits");
   EXPECT_EQ(bad_param(chat({{"kv_bits", "abc"}})), "kv_bits");
-  EXPECT_EQ(bad_kv_param(chat({{"kv_bits", 4}, {"kv_quant_scheme", "foo"}})), "kv_quant_scheme");
-  EXPECT_EQ(bad_kv_param(chat({{"kv_bits", 4}, {"kv_group_size", 48}})), "kv_group_size");
-  EXPECT_EQ(bad_kv_param(chat({{"kv_key_bits", 2.25}})), "kv_key_bits");
+  EXPECT_EQ(bad_param(chat({{"kv_bits", 4}, {"kv_quant_scheme", "foo"}})), "kv_quant_scheme");
+  EXPECT_EQ(bad_param(chat({{"kv_bits", 4}, {"kv_group_size", 48}})), "kv_group_size");
+  EXPECT_EQ(bad_param(chat({{"kv_key_bits", 2.25}})), "kv_key_bits");
   EXPECT_EQ(bad_param(json::array()), "<none>");
 }
 
@@ -265,8 +310,8 @@ TEST(OpenAIError, ExceptionsBecomeTypedReplies) {
   EXPECT_EQ(busy.status, 429);
   EXPECT_EQ(busy.type, "server_busy");
   EXPECT_EQ(busy.code, "overloaded");
-  const ErrorReply api = reply(ApiError(404, "no such model", "invalid_request_error", "model",
-                                        "model_not_found"));
+  const ErrorReply api =
+      reply(ApiError(404, "no such model", "invalid_request_error", "model", "model_not_found"));
   EXPECT_EQ(api.status, 404);
   EXPECT_EQ(api.code, "model_not_found");
   const ErrorReply other = reply(std::runtime_error("disk on fire"));

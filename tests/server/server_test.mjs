@@ -236,6 +236,20 @@ test('per-request KV options and their exact KV bytes', async ({ url }) => {
     assertOpenAIError(res, 400, JSON.stringify(bad));
     assert.match(res.json.error.message, /kv_/);
   }
+  // The TurboQuant levers per request: fp16 sink rows cost bytes; a lever without a quantized
+  // cache, or out of range, is a 400 naming it.
+  const sinks = await curl(`${url}/v1/completions`, {
+    method: 'POST', body: { ...body, kv_sink_tokens: 8, kv_centering: 'keys',
+                            kv_recent_tokens: 3 } });
+  assert.equal(sinks.status, 200, sinks.text);
+  assert.ok(sinks.json.usage.kv_bytes > u.kv_bytes, sinks.text);
+  for (const [bad, param] of [[{ kv_bits: null, kv_centering: 'keys' }, 'kv_centering'],
+                              [{ kv_recent_tokens: 5000 }, 'kv_recent_tokens'],
+                              [{ kv_allocation: 'auto' }, 'kv_allocation']]) {
+    const res = await curl(`${url}/v1/completions`, { method: 'POST', body: { ...body, ...bad } });
+    assertOpenAIError(res, 400, JSON.stringify(bad));
+    assert.equal(res.json.error.param, param);
+  }
 });
 
 test('bad requests get 4xx OpenAI errors and the server keeps serving', async ({ url, client }) => {
