@@ -214,7 +214,7 @@ test('16 concurrent streams (dense and 3.5-bit mixed) equal the same requests ma
   assert.ok(after - before < 16 * 48, `forward passes ${after - before} for 16 clients`);
 });
 
-test('per-request KV options and their exact KV bytes', async ({ url }) => {
+test('per-request KV options and their exact KV bytes', async ({ url, client }) => {
   const body = { ...completionParams, max_tokens: 16, kv_bits: 3.5 };
   const tq = await curl(`${url}/v1/completions`, { method: 'POST', body });
   assert.equal(tq.status, 200, tq.text);
@@ -243,6 +243,11 @@ test('per-request KV options and their exact KV bytes', async ({ url }) => {
                             kv_recent_tokens: 3 } });
   assert.equal(sinks.status, 200, sinks.text);
   assert.ok(sinks.json.usage.kv_bytes > u.kv_bytes, sinks.text);
+  // Through the openai client: every layer at 116 B per token and KV head.
+  const every = await client.completions.create({ ...body, kv_quantize_last_layer: true });
+  const everyCached = every.usage.prompt_tokens + every.usage.completion_tokens -
+                      (every.choices[0].finish_reason === 'length' ? 1 : 0);
+  assert.equal(every.usage.kv_bytes, everyCached * 2 * 6 * 116);
   for (const [bad, param] of [[{ kv_bits: null, kv_centering: 'keys' }, 'kv_centering'],
                               [{ kv_recent_tokens: 5000 }, 'kv_recent_tokens'],
                               [{ kv_allocation: 'auto' }, 'kv_allocation']]) {
