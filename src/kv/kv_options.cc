@@ -1,7 +1,9 @@
 // resolve_kv_options and parse_kv_bits (kv/kv_resolve.h).
 #include <cmath>
 #include <cstdlib>
+#include <iterator>
 #include <sstream>
+#include <string_view>
 
 #include "core/error.h"
 #include "kv/kv_resolve.h"
@@ -175,6 +177,27 @@ std::string layer_bits_text(const std::vector<LayerKVBits>& bits) {
         b.dense ? str_cat(b.layer, ":dense") : str_cat(b.layer, ":", b.key_bits, "/", b.value_bits);
   }
   return text;
+}
+
+namespace {
+// The option names; the levers (kv_lever_names) are the last kLevers.
+constexpr const char* kKVFieldNames[] = {
+    "kv_bits",          "kv_quant_scheme",        "kv_key_bits",  "kv_value_bits",
+    "kv_group_size",    "quantized_kv_start",     "kv_seed",      "kv_norm_correction",
+    "kv_unbiased_norm", "kv_quantize_last_layer", "kv_centering", "kv_sink_tokens",
+    "kv_recent_tokens", "kv_allocation",          "kv_budget",    "kv_layer_bits",
+    "kv_hadamard"};
+constexpr size_t kLevers = 10;
+static_assert(std::string_view(kKVFieldNames[std::size(kKVFieldNames) - kLevers]) ==
+              "kv_norm_correction");
+}  // namespace
+
+std::span<const char* const> kv_field_names() {
+  return kKVFieldNames;
+}
+
+std::span<const char* const> kv_lever_names() {
+  return kv_field_names().last(kLevers);
 }
 
 ResolvedKV resolve_kv_options(const KVOptions& o) {

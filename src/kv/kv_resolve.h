@@ -31,6 +31,7 @@
 // The uniform scheme takes kv_hadamard and kv_layer_bits only.
 #pragma once
 
+#include <span>
 #include <string>
 #include <vector>
 
@@ -50,5 +51,11 @@ double parse_kv_bits(const std::string& text, const char* what = "kv_bits");
 
 // The kv_layer_bits text of overrides ("0:3/5,-1:dense"), what the parser reads back.
 std::string layer_bits_text(const std::vector<LayerKVBits>& bits);
+
+// The KV options as the Python keywords and the HTTP request fields name them (the CLI's KV
+// flags with underscores), and those of them that act on a quantized cache only: a front end
+// refuses one of these, when a call gives it, if the call's cache is dense.
+std::span<const char* const> kv_field_names();
+std::span<const char* const> kv_lever_names();
 
 }  // namespace turbokv

@@ -147,12 +147,6 @@ std::optional<double> bits_arg(const py::object& value, const char* name) {
   return float_arg(value, name);
 }
 
-// The KV keywords that act on a quantized cache only.
-const char* const kKVLevers[] = {"kv_norm_correction", "kv_unbiased_norm", "kv_quantize_last_layer",
-                                 "kv_centering",       "kv_sink_tokens",   "kv_recent_tokens",
-                                 "kv_allocation",      "kv_budget",        "kv_layer_bits",
-                                 "kv_hadamard"};
-
 // Applies the KV keyword arguments that were given (not None) on top of base.
 KVOptions kv_options(KVOptions kv, const py::kwargs& kw) {
   auto get = [&](const char* name) -> py::object {
@@ -198,7 +192,7 @@ KVOptions kv_options(KVOptions kv, const py::kwargs& kw) {
   if (auto b = get("kv_hadamard"); !b.is_none()) kv.kv_hadamard = bool_arg(b, "kv_hadamard");
   // A lever given for a dense cache would do nothing: refused, not ignored.
   if (resolve_kv_options(kv).scheme == KVScheme::kDense) {
-    for (const char* name : kKVLevers) {
+    for (const char* name : kv_lever_names()) {
       if (!get(name).is_none()) {
         throw py::value_error(str_cat(
             name, " applies to a quantized KV cache; the cache here is dense (set kv_bits)"));
@@ -208,15 +202,6 @@ KVOptions kv_options(KVOptions kv, const py::kwargs& kw) {
   return kv;  // the engine resolves it again once per load or request
 }
 
-const char* const kKVArgs[] = {"kv_bits",          "kv_key_bits",
-                               "kv_value_bits",    "kv_quant_scheme",
-                               "kv_group_size",    "quantized_kv_start",
-                               "kv_seed",          "kv_norm_correction",
-                               "kv_unbiased_norm", "kv_quantize_last_layer",
-                               "kv_centering",     "kv_sink_tokens",
-                               "kv_recent_tokens", "kv_allocation",
-                               "kv_budget",        "kv_layer_bits",
-                               "kv_hadamard"};
 const char* const kGenerateArgs[] = {
     "max_tokens",       "temperature",       "top_p", "top_k", "min_p",      "repetition_penalty",
     "presence_penalty", "frequency_penalty", "seed",  "stop",  "ignore_eos", "prompt_cache"};
@@ -224,7 +209,8 @@ const char* const kGenerateArgs[] = {
 void check_kwargs(const py::kwargs& kw, bool generation) {
   for (const auto& [key, value] : kw) {
     const std::string name = key.cast<std::string>();
-    bool known = std::find(std::begin(kKVArgs), std::end(kKVArgs), name) != std::end(kKVArgs);
+    const auto kv_args = kv_field_names();
+    bool known = std::find(kv_args.begin(), kv_args.end(), name) != kv_args.end();
     if (!generation) {
       known = known || name == "device" || name == "kv_cache_gb" || name == "batch_invariant";
     }
@@ -269,8 +255,9 @@ GenerateOptions generate_options(const Engine& engine, const py::kwargs& kw) {
     }
   }
   if (arg("ignore_eos")) o.ignore_eos = bool_arg(kw["ignore_eos"], "ignore_eos");
-  const bool kv_given = std::any_of(std::begin(kKVArgs), std::end(kKVArgs),
-                                    [&](const char* name) { return arg(name); });
+  const auto kv_args = kv_field_names();
+  const bool kv_given =
+      std::any_of(kv_args.begin(), kv_args.end(), [&](const char* name) { return arg(name); });
   if (arg("prompt_cache")) {
     if (!py::isinstance<PromptCache>(kw["prompt_cache"])) {
       throw py::type_error("prompt_cache must be a PromptCache (turbokv.make_cache, load_cache)");

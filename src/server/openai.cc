@@ -106,19 +106,6 @@ std::optional<double> get_bits(const json& body, const char* key) {
   throw invalid(key, str_cat("'", key, "' must be a number, got ", json_excerpt(*v)));
 }
 
-// The KV fields a request may carry (KVOptions; the CLI's KV flags under their names).
-constexpr const char* kKVFields[] = {
-    "kv_bits",          "kv_quant_scheme",        "kv_key_bits",  "kv_value_bits",
-    "kv_group_size",    "quantized_kv_start",     "kv_seed",      "kv_norm_correction",
-    "kv_unbiased_norm", "kv_quantize_last_layer", "kv_centering", "kv_sink_tokens",
-    "kv_recent_tokens", "kv_allocation",          "kv_budget",    "kv_layer_bits",
-    "kv_hadamard"};
-// Those that act on a quantized cache only: given with a dense one they are a 400.
-constexpr const char* kKVLevers[] = {
-    "kv_norm_correction", "kv_unbiased_norm", "kv_quantize_last_layer", "kv_centering",
-    "kv_sink_tokens",     "kv_recent_tokens", "kv_allocation",          "kv_budget",
-    "kv_layer_bits",      "kv_hadamard"};
-
 KVOptions parse_kv(const json& body, const KVOptions& server_kv) {
   KVOptions kv = server_kv;
   try {
@@ -144,7 +131,7 @@ KVOptions parse_kv(const json& body, const KVOptions& server_kv) {
     // Validated here so that a bad combination is this request's 400, and a lever asked for
     // with a dense cache is refused rather than ignored.
     if (resolve_kv_options(kv).scheme == KVScheme::kDense) {
-      for (const char* key : kKVLevers) {
+      for (const char* key : kv_lever_names()) {
         if (field(body, key)) {
           throw InvalidArgument(
               str_cat("'", key, "' applies to a quantized KV cache; this request's is dense (",
@@ -253,7 +240,7 @@ void parse_common(const json& body, const RequestLimits& limits, const KVOptions
     r->include_usage = get_bool(*so, "include_usage").value_or(false);
   }
   o.kv = parse_kv(body, server_kv);
-  for (const char* key : kKVFields) {
+  for (const char* key : kv_field_names()) {
     r->kv_given = r->kv_given || body.contains(key);
   }
   if (auto slot = get_int(body, "id_slot", -1, INT32_MAX); slot && *slot >= 0) r->slot = slot;
@@ -288,7 +275,7 @@ void reject_unknown_fields(const json& body, bool chat) {
       return std::any_of(std::begin(names), std::end(names),
                          [&key](const char* n) { return key == n; });
     };
-    if (!in(kCommon) && !in(kKVFields) && !(chat ? in(kChat) : in(kCompletion))) {
+    if (!in(kCommon) && !in(kv_field_names()) && !(chat ? in(kChat) : in(kCompletion))) {
       const std::string name = key.size() > 64 ? key.substr(0, 64) + "..." : key;
       throw ApiError(400,
                      str_cat("'", name, "' is not supported by this server's ",
